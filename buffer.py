@@ -1,0 +1,102 @@
+"""The trainer's replay buffer (paper section 3.2; tba_spec.md section 3).
+
+Per prompt: samples deduplicated by exact response tokens (the newest copy wins), at most `cap` kept, oldest evicted
+first. A batch is B prompts x K samples. Each prompt draw is, with probability m, "recent": a prompt that arrived in
+the latest sync, with K of its newest samples; otherwise a prompt from everything seen, with K samples drawn by
+softmax(inv_temp * reward) over that prompt's samples (inv_temp = 0: uniform).
+"""
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass
+class Sample:
+    prompt_id: int  # index of the prompt in the task's training set
+    response: tuple  # response token ids (including EOS when the model stopped)
+    reward: float  # task reward
+    logp_behav: np.ndarray  # per-token log-probs under the policy that generated it (logits / temperature)
+    logp_ref: np.ndarray  # per-token log-probs under the frozen reference (logits / temperature)
+    version: int  # trainer step of the weights that generated it (0 = initial weights)
+    finished: bool  # the response ended with EOS (not cut at max_new_tokens)
+
+
+class ReplayBuffer:
+    def __init__(self, cap, m, inv_temp, seed=0):
+        self.cap, self.m, self.inv_temp = cap, m, inv_temp
+        self.rng = np.random.default_rng(seed)
+        self.items = {}  # prompt id -> list[Sample], oldest first
+        self.n_online = {}  # prompt id -> samples added in the latest sync that touched it
+        self.recent = []  # prompt ids that arrived in the latest sync
+        self._recent_left = []  # recent ids not yet drawn since that sync (refilled when empty)
+        self._all_left = []  # seen ids not yet drawn in the current pass over all prompts
+        self.size = 0
+
+    def __len__(self):
+        return self.size
+
+    def add(self, samples):
+        """Insert one sync round's trajectories. Returns the number of new (non-duplicate) samples."""
+        if not samples:
+            return 0
+        touched, new = {}, 0
+        for s in samples:
+            items = self.items.setdefault(s.prompt_id, [])
+            if s.prompt_id not in touched:
+                touched[s.prompt_id] = 0
+            dup = next((i for i, old in enumerate(items) if old.response == s.response), None)
+            if dup is None:
+                new += 1
+            else:
+                items.pop(dup)  # newest copy wins
+                self.size -= 1
+            items.append(s)
+            self.size += 1
+            touched[s.prompt_id] += 1
+            if len(items) > self.cap:
+                items.pop(0)  # oldest first
+                self.size -= 1
+        for pid, n in touched.items():
+            self.n_online[pid] = min(n, len(self.items[pid]))
+        self.recent = list(touched)
+        self._recent_left = []
+        return new
+
+    def _draw_prompt(self, left, pool):
+        if not left:
+            left.extend(self.rng.permutation(pool).tolist())
+        return left.pop()
+
+    def _pick(self, n_from, k, p=None):
+        replace = n_from < k
+        return self.rng.choice(n_from, size=k, replace=replace, p=p)
+
+    def sample(self, B, K):
+        """B prompts x K samples: a list of (prompt_id, [Sample] * K, drawn_from_recent)."""
+        batch = []
+        for _ in range(B):
+            if self.recent and self.rng.random() < self.m:
+                pid = self._draw_prompt(self._recent_left, self.recent)
+                newest = self.items[pid][-self.n_online[pid]:]
+                picks = [newest[i] for i in self._pick(len(newest), K)]
+                batch.append((pid, picks, True))
+            else:
+                pid = self._draw_prompt(self._all_left, list(self.items))
+                items = self.items[pid]
+                rewards = np.array([s.reward for s in items], dtype=np.float64)
+                logits = self.inv_temp * (rewards - rewards.max())
+                p = np.exp(logits) / np.exp(logits).sum()
+                picks = [items[i] for i in self._pick(len(items), K, p)]
+                batch.append((pid, picks, False))
+        return batch
+
+    def state_dict(self):
+        return {k: getattr(self, k) for k in ("items", "n_online", "recent", "_recent_left", "_all_left", "size")} | {
+            "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state):
+        for k, v in state.items():
+            if k == "rng":
+                self.rng.bit_generator.state = v
+            else:
+                setattr(self, k, v)

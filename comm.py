@@ -1,0 +1,84 @@
+"""The control plane between ranks: private gloo process groups built from torchrun's rendezvous store.
+
+We never call torch.distributed.init_process_group, so the default process group stays free for a vLLM engine that
+runs inside a searcher process (vLLM creates its own world of size 1 there and tears it down at shutdown; see
+../shared/design.md). Every call here is a real torch.distributed collective on our own ProcessGroupGloo.
+
+Sync round messages: rank 0 announces round n as the store key "round/n" = "step,flags"; a searcher checks for that key
+between generation chunks (a non-blocking store lookup) and then joins the round's collectives.
+"""
+import datetime
+import os
+import pickle
+
+import torch
+import torch.distributed as dist
+
+WEIGHTS, EVAL, STOP = 1, 2, 4  # announcement flags: push weights / evaluate / searchers exit after this round
+PROBE_TOKENS = 16  # check_sync compares this many greedy tokens (long bf16 greedy runs diverge by rounding alone)
+
+
+class Comm:
+    def __init__(self, timeout_s):
+        self.rank = int(os.environ.get("RANK", 0))
+        self.world = int(os.environ.get("WORLD_SIZE", 1))
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun hosts the store itself
+        store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500)),
+                              self.world, is_master=(self.rank == 0 and not agent_store), timeout=self.timeout)
+        self.store = dist.PrefixStore(f"tba/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
+        self.ctrl = self.new_gloo_group("ctrl")  # collectives: gather of trajectories, object broadcasts, barriers
+        self.round = 0  # index of the next sync round
+
+    def new_gloo_group(self, name):
+        return dist.ProcessGroupGloo(dist.PrefixStore(name, self.store), self.rank, self.world, self.timeout)
+
+    # ------------------------------------------------------------ collectives on the ctrl group
+    def barrier(self):
+        self.ctrl.barrier().wait()
+
+    def gather_object(self, obj):
+        """Pickled objects from every rank to rank 0 (a list there, None elsewhere): torch.distributed gather."""
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = [torch.zeros(1, dtype=torch.long) for _ in range(self.world)]
+        self.ctrl.allgather([sizes], [torch.tensor([data.numel()])]).wait()
+        longest = int(max(sizes))
+        buf = torch.zeros(longest, dtype=torch.uint8)
+        buf[: data.numel()] = data
+        opts = dist.GatherOptions()
+        opts.rootRank = 0
+        if self.rank != 0:
+            self.ctrl.gather([], [buf], opts).wait()
+            return None
+        out = [torch.zeros(longest, dtype=torch.uint8) for _ in range(self.world)]
+        self.ctrl.gather([out], [buf], opts).wait()
+        return [pickle.loads(o[: int(n)].numpy().tobytes()) for o, n in zip(out, sizes)]
+
+    def broadcast_object(self, obj=None):
+        """An object from rank 0 to every rank."""
+        size = torch.zeros(1, dtype=torch.long)
+        if self.rank == 0:
+            data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+            size[0] = data.numel()
+        self.ctrl.broadcast(size, 0).wait()
+        if self.rank != 0:
+            data = torch.zeros(int(size), dtype=torch.uint8)
+        self.ctrl.broadcast(data, 0).wait()
+        return pickle.loads(data.numpy().tobytes())
+
+    # ------------------------------------------------------------ announcements
+    def announce(self, step, flags):
+        """Rank 0: a sync round for trainer step `step` starts now."""
+        self.store.set(f"round/{self.round}", f"{step},{flags}")
+        if self.round >= 2:
+            self.store.delete_key(f"round/{self.round - 2}")  # every searcher has read it by now
+        self.round += 1
+
+    def poll(self, block=False):
+        """Searchers: (step, flags) if the next round was announced, else None. Call between generation chunks."""
+        key = f"round/{self.round}"
+        if not block and not self.store.check([key]):
+            return None
+        step, flags = self.store.get(key).decode().split(",")  # get() waits for the key, up to the timeout
+        self.round += 1
+        return int(step), int(flags)

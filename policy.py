@@ -1,0 +1,84 @@
+"""The model side shared by trainer and searchers: loading, prompt encoding and sequence log-probabilities."""
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class ModelError(Exception):
+    """A model path that cannot be loaded: printed as one line, exit code 2."""
+
+
+def load_tokenizer(path):
+    from transformers import AutoTokenizer
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load tokenizer from '{path}': {str(e).splitlines()[0]}") from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token  # Llama-style tokenizers ship without a pad token
+    return tok
+
+
+def load_model(path, dtype, device):
+    from transformers import AutoModelForCausalLM
+    if not os.path.isdir(path) and os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ModelError(f"model path not found: {path} (and HF_HUB_OFFLINE=1)")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load model from '{path}': {str(e).splitlines()[0]}") from None
+    return model.to(device)
+
+
+def encode_prompt(tok, text):
+    """Prompt token ids, with the tokenizer's default special tokens (BOS), as the reference code does."""
+    return tok(text)["input_ids"]
+
+
+def token_logprobs(model, prompts, responses, temperature, chunk_tokens=2048):
+    """Per-token log pi(y_t | x, y_<t) of each response, with logits / temperature.
+
+    prompts, responses: lists of token-id lists. Returns (logp [N, L], mask [N, L]) padded to the longest response.
+    Sequences are right-padded to the longest one in this call, not to a configured maximum. Only response positions
+    go through the LM head, in chunks of `chunk_tokens` under activation checkpointing, so full-vocabulary fp32 logits
+    never exist for the whole batch at once (forward or backward).
+    """
+    device = next(model.parameters()).device
+    lengths = [len(p) + len(r) for p, r in zip(prompts, responses)]
+    T = max(lengths)
+    pad = 0
+    ids = torch.full((len(prompts), T), pad, dtype=torch.long)
+    attn = torch.zeros((len(prompts), T), dtype=torch.long)
+    rows, cols, targets = [], [], []
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        ids[i, : lengths[i]] = torch.tensor(list(p) + list(r))
+        attn[i, : lengths[i]] = 1
+        rows += [i] * len(r)
+        cols += range(len(p) - 1, len(p) + len(r) - 1)  # position t predicts token t + 1
+        targets += list(r)
+    ids, attn = ids.to(device), attn.to(device)
+    hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
+    h = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
+    y = torch.tensor(targets, device=device)
+    head = model.get_output_embeddings()
+
+    def chunk_logp(h_c, y_c):
+        logits = head(h_c).float() / temperature
+        return logits.gather(1, y_c[:, None])[:, 0] - torch.logsumexp(logits, dim=-1)
+
+    parts = []
+    for s in range(0, len(y), chunk_tokens):
+        h_c, y_c = h[s : s + chunk_tokens], y[s : s + chunk_tokens]
+        parts.append(checkpoint(chunk_logp, h_c, y_c, use_reentrant=False) if torch.is_grad_enabled() else chunk_logp(h_c, y_c))
+    flat = torch.cat(parts) if parts else torch.zeros(0, device=device)
+    L = max(len(r) for r in responses)
+    logp = torch.zeros((len(responses), L), device=device)
+    mask = torch.zeros((len(responses), L), dtype=torch.bool, device=device)
+    pos = torch.cat([torch.arange(len(r)) for r in responses]).to(device)
+    logp = logp.index_put((torch.tensor(rows, device=device), pos), flat)
+    mask[torch.tensor(rows, device=device), pos] = True
+    return logp, mask

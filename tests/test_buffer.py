@@ -1,0 +1,86 @@
+"""Replay buffer: dedup, per-prompt cap with oldest-first eviction, the rate of recent draws, reward priority."""
+import numpy as np
+import pytest
+
+from buffer import ReplayBuffer, Sample
+
+
+def s(pid, resp, reward=0.0, version=0):
+    return Sample(pid, tuple(resp), reward, np.zeros(len(resp), np.float32), np.zeros(len(resp), np.float32), version, True)
+
+
+def test_dedup_newest_copy_wins():
+    b = ReplayBuffer(cap=10, m=0.5, inv_temp=0.0)
+    assert b.add([s(0, [1, 2], version=0), s(0, [1, 3], version=0)]) == 2
+    assert b.add([s(0, [1, 2], version=5)]) == 0  # duplicate: not new
+    assert len(b) == 2
+    assert [x.response for x in b.items[0]] == [(1, 3), (1, 2)]
+    assert b.items[0][-1].version == 5
+
+
+def test_cap_evicts_oldest_first():
+    b = ReplayBuffer(cap=3, m=0.5, inv_temp=0.0)
+    b.add([s(0, [i]) for i in range(2)])
+    b.add([s(0, [i]) for i in range(2, 5)])
+    assert [x.response for x in b.items[0]] == [(2,), (3,), (4,)]
+    assert len(b) == 3
+
+
+def test_recent_draws_come_from_latest_sync_with_rate_m():
+    b = ReplayBuffer(cap=100, m=0.8, inv_temp=0.0, seed=0)
+    b.add([s(p, [p, i]) for p in range(20) for i in range(4)])  # old sync: prompts 0..19
+    b.add([s(p, [p, i]) for p in range(20, 25) for i in range(4)])  # latest sync: prompts 20..24
+    n, recent = 0, 0
+    for _ in range(500):
+        for pid, picks, from_recent in b.sample(4, 4):
+            n += 1
+            recent += from_recent
+            assert all(x.prompt_id == pid for x in picks)
+            if from_recent:
+                assert pid >= 20
+    rate = recent / n
+    assert abs(rate - 0.8) < 4 * np.sqrt(0.8 * 0.2 / n)  # within 4 standard errors
+
+
+def test_recent_draw_takes_the_newest_samples():
+    b = ReplayBuffer(cap=100, m=1.0, inv_temp=0.0, seed=0)
+    b.add([s(0, [i], version=0) for i in range(10)])
+    b.add([s(0, [100 + i], version=2) for i in range(3)])
+    for _, picks, _ in b.sample(5, 3):
+        assert all(x.version == 2 for x in picks)
+
+
+def test_m_zero_draws_over_all_prompts_and_reward_priority():
+    b = ReplayBuffer(cap=100, m=0.0, inv_temp=5.0, seed=0)
+    b.add([s(0, [i], reward=float(i == 0)) for i in range(5)])
+    counts = np.zeros(5)
+    for _ in range(400):
+        for _, picks, recent in b.sample(1, 2):
+            assert not recent
+            for x in picks:
+                counts[x.response[0]] += 1
+    # softmax(5 * r): the rewarded sample has weight e^5 against 1 for each other, so it dominates (sampling
+    # without replacement: expect about one of every two picks)
+    assert counts[0] / counts.sum() > 0.4
+    assert counts[1:].min() > 0
+
+
+def test_uniform_when_inv_temp_zero():
+    b = ReplayBuffer(cap=100, m=0.0, inv_temp=0.0, seed=0)
+    b.add([s(0, [i], reward=float(i == 0)) for i in range(4)])
+    counts = np.zeros(4)
+    for _ in range(2000):
+        for _, picks, _ in b.sample(1, 1):
+            counts[picks[0].response[0]] += 1
+    assert counts / counts.sum() == pytest.approx([0.25] * 4, abs=0.04)
+
+
+def test_with_replacement_only_when_too_few():
+    b = ReplayBuffer(cap=100, m=0.0, inv_temp=0.0, seed=0)
+    b.add([s(0, [1]), s(0, [2])])
+    (_, picks, _), = b.sample(1, 4)
+    assert len(picks) == 4
+    b.add([s(1, [i]) for i in range(6)])
+    for pid, picks, _ in b.sample(2, 6):
+        if pid == 1:
+            assert len({x.response for x in picks}) == 6

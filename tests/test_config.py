@@ -1,0 +1,70 @@
+"""Config: defaults, overrides, and one clear line with exit code 2 for each user mistake."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from config import ConfigError, load_config, reference
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_gsm8k_config_is_the_paper_run():
+    c = load_config(os.path.join(ROOT, "configs", "gsm8k.yaml"))
+    assert (c.K, c.B, c.S, c.m, c.k, c.n_searchers, c.steps) == (20, 7, 24, 0.95, 2, 3, 700)
+    assert (c.lr, c.warmup_steps, c.stable_steps, c.decay_steps) == (1e-5, 50, 350, 600)
+    assert (c.beta_start, c.beta_end, c.beta_decay_steps) == (0.014, 0.004, 500)
+    assert (c.temperature, c.max_new_tokens, c.initial_buffer, c.per_prompt_cap) == (0.7, 512, 500, 100)
+    assert c.model == "realtreetune/rho-1b-sft-GSM8K"
+
+
+def test_overrides_and_types():
+    c = load_config(os.path.join(ROOT, "configs", "tiny.yaml"), ["m=0.5", "k=4", "async=false", "lr=3e-5"])
+    assert (c.m, c.k, c.asynchronous, c.lr) == (0.5, 4, False, 3e-5)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["mm=0.5"], "unknown key 'mm' (did you mean 'm'?)"),
+    (["m=abc"], "'m' must be float"),
+    (["steps=1.5"], "'steps' must be int"),
+    (["K=30", "S=24"], "K (30) cannot exceed S (24)"),
+    (["n_searchers=0"], "'n_searchers' must be >= 1"),
+    (["micro_batch=12", "K=8"], "must be a multiple of K"),
+    (["engine=tgi"], "'engine' must be one of"),
+    (["nonsense"], "expected key=value"),
+])
+def test_bad_overrides_raise_one_line(overrides, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, overrides)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_errors_exit_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("K: 8\nS: [\n  - 1\n m: 2\n")
+    for args, message in [([str(bad)], f"{bad}:"), (["missing.yaml"], "config file not found: missing.yaml"),
+                          ([os.path.join(ROOT, "configs", "tiny.yaml"), "bogus=1"], "unknown key 'bogus'")]:
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "config.py"), *args], capture_output=True, text=True)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and message in p.stderr, p.stderr
+
+
+def test_prepare_reports_bad_data_in_one_line(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "q", "answer": "#### 1"}\n{"question": "q2", "answer": \n')
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--prepare", "task=gsm8k",
+                        f"train_data={data}", f"test_data={data}", "model=/nonexistent/model"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert "model path not found: /nonexistent/model" in p.stderr
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--prepare", "task=gsm8k",
+                        f"train_data={data}", f"test_data={data}", f"model={tmp_path}"],
+                       capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.strip().endswith(f"{data}:2: malformed JSON (Expecting value)"), p.stderr
+
+
+def test_readme_config_reference_is_current():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    for name, _, default, comment in reference():
+        key = "async" if name == "asynchronous" else name
+        assert f"| `{key}` |" in readme and comment in readme, f"README config reference is stale for '{key}'"

@@ -1,0 +1,94 @@
+"""TBA entry point: one torchrun job, rank 0 trains (trainer.py), ranks 1..N-1 search (searcher.py).
+
+    torchrun --nproc_per_node=N train.py CONFIG [key=value ...]     (launch.sh builds this line)
+    python train.py --prepare CONFIG [key=value ...]                 check config, data and model; print N
+"""
+import os
+import subprocess
+import sys
+
+
+def pin_gpu():
+    """Before torch touches CUDA: one GPU per rank when there are enough ('own'), else all ranks on one ('shared')."""
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        try:
+            out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30).stdout
+            visible = ",".join(str(i) for i in range(out.count("GPU ")))
+        except (OSError, subprocess.SubprocessError):
+            visible = ""
+    gpus = [g for g in visible.split(",") if g.strip()]
+    if not gpus:
+        return "none"
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
+    return "own" if len(gpus) >= local_world else "shared"
+
+
+GPU_MODE = pin_gpu()
+
+import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
+
+from config import ConfigError, load_config  # noqa: E402
+from policy import ModelError, load_tokenizer  # noqa: E402
+from rewards import DataError, get_task  # noqa: E402
+
+
+class Context:
+    """What both roles share: the task and its data, the tokenizer, the device, the weight transport."""
+
+    def __init__(self, cfg):
+        self.task = get_task(cfg.task)
+        self.train = self.task.load(cfg.train_data or self.task.DEFAULT_TRAIN, "train")
+        self.test = self.task.load(cfg.test_data or self.task.DEFAULT_TEST, "test")
+        self.train = self.train[: cfg.n_train] if cfg.n_train else self.train
+        self.test = self.test[: cfg.n_test] if cfg.n_test else self.test
+        self.tok = load_tokenizer(cfg.model)
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+        if self.device == "cuda":
+            torch.cuda.set_device(0)  # pin_gpu made this rank's GPU the only visible one
+        from transport import WeightTransport, pick_transport
+        kind = pick_transport(cfg.weight_transport, self.device, GPU_MODE)
+        self.make_transport = lambda comm, model: WeightTransport(comm, kind, cfg.dtype, cfg.bucket_mb, self.device, model)
+
+
+def prepare(cfg):
+    """Checks that need no process group, run by launch.sh before torchrun: one clear line on a bad input."""
+    if not os.path.exists(cfg.model) and cfg.model.startswith(".cache/tiny-"):
+        subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "make_tiny.py"),
+                        "--out", cfg.model], check=True, stdout=sys.stderr)
+    if cfg.model.startswith((".", "/")) and not os.path.isdir(cfg.model):
+        raise ModelError(f"model path not found: {cfg.model}")
+    Context(cfg)
+    print(cfg.n_searchers + 1)
+
+
+def main():
+    args = sys.argv[1:]
+    prep = "--prepare" in args
+    args = [a for a in args if a != "--prepare"]
+    path = args[0] if args and "=" not in args[0] else None
+    rank = int(os.environ.get("RANK", 0))
+    try:
+        cfg = load_config(path, args[1:] if path else args)
+        if prep:
+            return prepare(cfg)
+        world = int(os.environ.get("WORLD_SIZE", 1))
+        if world != cfg.n_searchers + 1:
+            raise ConfigError(f"n_searchers={cfg.n_searchers} needs {cfg.n_searchers + 1} processes, torchrun started {world}")
+        ctx = Context(cfg)
+    except (ConfigError, DataError, ModelError) as e:
+        print(f"error: {e}" + (f" (rank {rank})" if rank else ""), file=sys.stderr)
+        sys.exit(2)
+    from comm import Comm
+    comm = Comm(cfg.timeout_s)
+    if comm.rank == 0:
+        import trainer
+        trainer.run(cfg, comm, ctx)
+    else:
+        import searcher
+        searcher.run(cfg, comm, ctx)
+
+
+if __name__ == "__main__":
+    main()
