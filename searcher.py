@@ -23,6 +23,28 @@ def score(task, text, answer, stats):
         return 0.0
 
 
+def search_chunk(cfg, engine, ref, tok, task, records, prompts, pids, version, stats):
+    """One generation call: S samples for each prompt id, scored, with behaviour and reference log-probs."""
+    t0 = time.perf_counter()
+    outs = engine.generate([prompts[p] for p in pids], cfg.S, cfg.temperature, cfg.max_new_tokens)
+    flat = [(pid, resp, lp) for pid, group in zip(pids, outs) for resp, lp in group]
+    ref_lp = []
+    with torch.no_grad():
+        for s in range(0, len(flat), 64):
+            part = flat[s : s + 64]
+            lp, mask = token_logprobs(ref, [prompts[p] for p, _, _ in part], [r for _, r, _ in part], cfg.temperature)
+            ref_lp += [lp[i][mask[i]].float().cpu().numpy() for i in range(len(part))]
+    samples = []
+    for (pid, resp, lp), rlp in zip(flat, ref_lp):
+        text = tok.decode(resp, skip_special_tokens=True)
+        samples.append(Sample(pid, tuple(resp), score(task, text, records[pid]["answer"], stats), lp, rlp, version,
+                              bool(resp and resp[-1] == tok.eos_token_id)))
+        stats["tokens"] += len(resp)
+    stats["gen_s"] += time.perf_counter() - t0
+    stats["samples"] += len(flat)
+    return samples
+
+
 def run(cfg, comm, ctx):
     rank, n_searchers = comm.rank, comm.world - 1
     task, train, test, tok, device = ctx.task, ctx.train, ctx.test, ctx.tok, ctx.device
@@ -45,36 +67,22 @@ def run(cfg, comm, ctx):
     limit = cfg.B // n_searchers if not cfg.asynchronous else (cfg.max_prompts_per_round or float("inf"))
     done_prompts = limit if not cfg.asynchronous else 0
 
-    def generate_chunk(n_prompts):
+    def next_prompts(n):
         nonlocal pos, order
         pids = []
-        for _ in range(n_prompts):
+        for _ in range(n):
             if pos == len(order):
                 order, pos = rng.permutation(shard).tolist(), 0
             pids.append(order[pos])
             pos += 1
-        t0 = time.perf_counter()
-        outs = engine.generate([prompts[p] for p in pids], cfg.S, cfg.temperature, cfg.max_new_tokens)
-        flat = [(pid, resp, lp) for pid, group in zip(pids, outs) for resp, lp in group]
-        with torch.no_grad():
-            ref_lp = []
-            for s in range(0, len(flat), 64):
-                part = flat[s : s + 64]
-                lp, mask = token_logprobs(ref, [prompts[p] for p, _, _ in part], [r for _, r, _ in part], cfg.temperature)
-                ref_lp += [lp[i][mask[i]].float().cpu().numpy() for i in range(len(part))]
-        for (pid, resp, lp), rlp in zip(flat, ref_lp):
-            text = tok.decode(resp, skip_special_tokens=True)
-            pending.append(Sample(pid, tuple(resp), score(task, text, train[pid]["answer"], stats), lp, rlp, version,
-                                  bool(resp and resp[-1] == tok.eos_token_id)))
-            stats["tokens"] += len(resp)
-        stats["gen_s"] += time.perf_counter() - t0
-        stats["samples"] += len(flat)
-        return len(pids)
+        return pids
 
     while True:
         ann = comm.poll(block=done_prompts >= limit)
         if ann is None:
-            done_prompts += generate_chunk(int(min(cfg.chunk_prompts, limit - done_prompts)))
+            pids = next_prompts(int(min(cfg.chunk_prompts, limit - done_prompts)))
+            pending.extend(search_chunk(cfg, engine, ref, tok, task, train, prompts, pids, version, stats))
+            done_prompts += len(pids)
             continue
         step, flags = ann
         comm.gather_object((pending, dict(stats)))  # 1. trajectories to rank 0

@@ -176,6 +176,7 @@ def run(cfg, comm, ctx):
                     "train/recent_fraction": sum(r for *_, r in batch) / len(batch),
                     "buffer/size": len(buffer), "buffer/prompts": len(buffer.items),
                     "staleness/mean": sum(stale) / len(stale), "staleness/max": max(stale),
+                    "staleness/hist": [stale.count(i) for i in range(max(stale) + 1)],
                     "time/train_seconds": train_s})
 
     # ------------------------------------------------------------------ start: evaluate, fill the buffer

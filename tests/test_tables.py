@@ -1,0 +1,138 @@
+"""tables.py on synthetic run directories (numbers checked by hand), and sweep.sh's grid in DRY_RUN mode."""
+import csv
+import importlib.util
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from config import Config, config_to_dict
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STEPS = 60
+# (m, seed) -> (final accuracy, accuracy of the mid-run evaluation at step 30, wall seconds); start accuracy 0.40
+RUNS = {
+    (0.5, 0): (0.50, 0.56, 300.0), (0.5, 1): (0.52, 0.45, 300.0), (0.5, 2): (0.54, 0.45, 300.0),
+    (0.95, 0): (0.60, 0.50, 600.0), (0.95, 1): (0.63, 0.50, 660.0), (0.95, 2): (0.69, 0.50, 720.0),
+}
+START = 0.40
+
+
+def make_run(path, m, seed, final, mid, wall, finished=True):
+    os.makedirs(path)
+    with open(os.path.join(path, "config.yaml"), "w") as f:
+        yaml.safe_dump(config_to_dict(Config(out_dir=path, m=m, seed=seed, steps=STEPS)), f, sort_keys=False)
+    rows = [{"step": 0, "eval/accuracy": START, "sync/seconds": 1.0}]
+    for step in range(1, STEPS + 1):
+        row = {"step": step, "train/reward_mean": m * step / STEPS + 0.01 * seed, "time/elapsed_seconds": wall * step / STEPS}
+        if step in (30, STEPS):
+            row["eval/accuracy"] = mid if step == 30 else final
+        rows.append(row)
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    if finished:
+        summary = {"steps": STEPS, "wall_seconds": wall, "eval_start": {"accuracy": START, "step": 0, "n": 100},
+                   "eval_end": {"accuracy": final, "step": STEPS, "n": 100}}
+        with open(os.path.join(path, "summary.json"), "w") as f:
+            json.dump(summary, f)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    dirs = []
+    for (m, seed), (final, mid, wall) in RUNS.items():
+        dirs.append(str(tmp_path / f"m{m}_seed{seed}"))
+        make_run(dirs[-1], m, seed, final, mid, wall)
+    return dirs
+
+
+def tables(*args, cwd):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "tables.py"), *args], cwd=cwd, capture_output=True, text=True)
+
+
+def table_rows(stdout):
+    lines = [line for line in stdout.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines[:1] + lines[2:]]
+
+
+def by_hand(values):
+    """mean ± s.e. in percent, one decimal, computed without numpy."""
+    xs = [100 * v for v in values]
+    return f"{statistics.mean(xs):.1f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.1f}"
+
+
+def test_table_numbers_and_grouping(runs, tmp_path):
+    unfinished = str(tmp_path / "crashed")
+    make_run(unfinished, 0.5, 3, 0.9, 0.9, 10.0, finished=False)
+    r = tables(*runs, unfinished, "--no-plot", "--csv", "t.csv", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "warning: skipping 1 unfinished run(s)" in r.stderr and "crashed" in r.stderr
+    header, low, high = table_rows(r.stdout)  # exactly two groups: only m differs (seed and out_dir are excluded)
+    assert header == ["m", "n", "final acc %", "best acc %", "start acc %", "gain (pts)", "wall min", "steps/min"]
+    # m=0.5: final 50, 52, 54 -> mean 52, std 2, s.e. 2/sqrt(3) = 1.15; best 56, 52, 54 -> 54 ± 1.15;
+    # gain 10, 12, 14 -> 12 ± 1.15; 5 minutes each, 60 steps / 5 min = 12 steps/min
+    assert low == ["0.5", "3", "52.0 ± 1.2", "54.0 ± 1.2", "40.0", "12.0 ± 1.2", "5.0", "12.0"]
+    # m=0.95: final 60, 63, 69 -> mean 64, var (16+1+25)/2 = 21, s.e. sqrt(21/3) = 2.65; best = final;
+    # 10, 11, 12 minutes -> 11.0; steps/min (6 + 5.4545 + 5) / 3 = 5.48
+    assert high == ["0.95", "3", "64.0 ± 2.6", "64.0 ± 2.6", "40.0", "24.0 ± 2.6", "11.0", "5.5"]
+    assert low[2] == by_hand([0.50, 0.52, 0.54]) and high[2] == by_hand([0.60, 0.63, 0.69])
+    assert high[5] == by_hand([0.60 - START, 0.63 - START, 0.69 - START])
+    assert not (tmp_path / "tables.png").exists()
+    with open(tmp_path / "t.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["m"] for row in rows] == ["0.5", "0.95"] and rows[1]["n"] == "3"
+    assert float(rows[1]["final_pct"]) == pytest.approx(64.0)
+    assert float(rows[1]["final_se"]) == pytest.approx(math.sqrt(7), abs=1e-4)
+
+
+def test_group_by_and_single_seed(runs, tmp_path):
+    r = tables(*runs, "--group-by", "m,seed", "--no-plot", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = table_rows(r.stdout)
+    assert rows[0][:3] == ["m", "seed", "n"] and len(rows) == 7
+    assert rows[1][:5] == ["0.5", "0", "1", "50.0", "56.0"] and "±" not in r.stdout  # n=1: no error bar
+    r = tables(*runs[:3], "--no-plot", cwd=tmp_path)  # nothing differs: one group
+    assert table_rows(r.stdout)[1][:3] == ["all", "3", "52.0 ± 1.2"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed")
+def test_plot_written(runs, tmp_path):
+    r = tables(*runs, cwd=tmp_path)  # default path: tables.png in the current directory
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "tables.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = tables(*runs, "--plot", "sub.png", cwd=tmp_path)
+    assert r.returncode == 0 and (tmp_path / "sub.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("args", [[], ["nowhere"], ["."], ["--group-by", "nonsense", "RUN"]])
+def test_errors_are_one_line_exit_2(runs, tmp_path, args):
+    args = [runs[0] if a == "RUN" else a for a in args]
+    r = tables(*args, "--no-plot", cwd=tmp_path)
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.startswith("error: ") and r.stderr.count("\n") == 1
+
+
+def sweep(*args):
+    env = dict(os.environ, DRY_RUN="1", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    return subprocess.run(["bash", os.path.join(ROOT, "sweep.sh"), *args], capture_output=True, text=True, env=env)
+
+
+def test_sweep_dry_run_grid(tmp_path):
+    r = sweep("configs/tiny.yaml", "m=0.5,0.95", "seed=0,1", "steps=5")
+    assert r.returncode == 0, r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("[")]
+    assert lines == ["[1/4] m=0.5 seed=0 -> out/tiny/m0.5_seed0", "[2/4] m=0.5 seed=1 -> out/tiny/m0.5_seed1",
+                     "[3/4] m=0.95 seed=0 -> out/tiny/m0.95_seed0", "[4/4] m=0.95 seed=1 -> out/tiny/m0.95_seed1"]
+    base = str(tmp_path / "grid")  # a single-valued out_dir is the base; names follow the command-line order
+    r = sweep("configs/tiny.yaml", f"out_dir={base}", "seed=0,1", "model=a/b,c")
+    lines = [line for line in r.stdout.splitlines() if line.startswith("[")]
+    assert [line.split(" -> ")[1] for line in lines] == [f"{base}/seed0_modela-b", f"{base}/seed0_modelc",
+                                                         f"{base}/seed1_modela-b", f"{base}/seed1_modelc"]
+    assert not os.path.exists(base)
+    r = sweep("configs/tiny.yaml", "mm=1,2")
+    assert r.returncode == 2 and "unknown key 'mm'" in r.stderr
