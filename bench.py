@@ -94,5 +94,6 @@ def main():
 
 
 if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # as launch.sh gives each rank: the standalone searcher is one rank
     sys.path.insert(0, ROOT)
     main()

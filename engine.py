@@ -77,6 +77,7 @@ class VLLMEngine:
         # In-process engine: our ranks never initialise torch.distributed's default group (comm.py), so vLLM builds
         # its own world of size 1 in this process and passes weights by reference (no serialisation).
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # else every weight reload logs several lines
         if device == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_cpu_kv_cache_gb))
         from vllm import LLM

@@ -78,7 +78,8 @@ def run(cfg, comm, ctx):
         return pids
 
     while True:
-        ann = comm.poll(block=done_prompts >= limit)
+        # synchronous mode joins a round only with its whole share generated; async mode polls between chunks
+        ann = None if not cfg.asynchronous and done_prompts < limit else comm.poll(block=done_prompts >= limit)
         if ann is None:
             pids = next_prompts(int(min(cfg.chunk_prompts, limit - done_prompts)))
             pending.extend(search_chunk(cfg, engine, ref, tok, task, train, prompts, pids, version, stats))

@@ -10,7 +10,7 @@ from conftest import torchrun
 def test_tb_raises_held_out_greedy_accuracy(tiny_model, tmp_path):
     rows, summary = torchrun(["steps=300", "seed=0", "eval_every=0", "time_budget_min=0"], tmp_path / "run")
     start, end = summary["eval_start"], summary["eval_end"]
-    assert start["n"] == end["n"] == 500 and summary["steps"] == 250
+    assert start["n"] == end["n"] == 500 and summary["steps"] == 300
     gain = end["accuracy"] - start["accuracy"]
     print(f"held-out greedy accuracy {start['accuracy']:.3f} -> {end['accuracy']:.3f} ({100 * gain:+.1f} points)")
     assert gain >= 0.05, f"TB gained only {100 * gain:+.1f} points in 300 steps"
