@@ -73,7 +73,7 @@ def run(cfg, comm, ctx):
     weights = ctx.make_transport(comm, model)
     buffer = ReplayBuffer(cfg.per_prompt_cap, cfg.m if cfg.asynchronous else 1.0, cfg.inv_temp, seed=cfg.seed)
     log = Logger(out)
-    totals = dict(train_s=0.0, wait_s=0.0, sync_s=0.0, rounds=0)
+    totals = dict(train_s=0.0, sync_s=0.0, rounds=0)
     last_eval = {}
     row = {}  # metrics of the step being run
 
