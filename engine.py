@@ -69,6 +69,12 @@ class HFEngine:
         for name, tensor in named:
             self.params[name].copy_(tensor)
 
+    def get_rng_state(self):  # checkpoints: a resumed run samples exactly what the uninterrupted one would
+        return self.gen.get_state()
+
+    def set_rng_state(self, state):
+        self.gen.set_state(state)
+
 
 class VLLMEngine:
     name = "vllm"
@@ -111,6 +117,12 @@ class VLLMEngine:
         # stale repacked parameters); then drop KV cached under the old weights.
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(named), is_checkpoint_format=True))
         self.llm.reset_prefix_cache()
+
+    def get_rng_state(self):  # vLLM's sampler keeps its own streams: a resumed run samples afresh (same distribution)
+        return None
+
+    def set_rng_state(self, state):
+        pass
 
     def shutdown(self):
         self.llm.llm_engine.engine_core.shutdown()

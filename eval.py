@@ -1,9 +1,13 @@
-"""Greedy test accuracy with either engine. Used by the searchers during training, and on its own:
+"""Test-set evaluation with either engine: greedy accuracy, or the task's own metrics when it defines
+make_evaluator (rewards/__init__.py). Used by the searchers during training, and on its own:
 
     python eval.py MODEL_DIR [--task gsm8k] [--data PATH] [--n 0] [--engine auto|vllm|hf] [--max-new-tokens 512]
     -> accuracy 54.6% (720/1319)
+    python eval.py MODEL_DIR --task tldr judge_model=PATH            # config keys the task's evaluator reads
+    -> win_rate 0.8600 (n=6447) ...
 """
 import argparse
+import math
 import sys
 
 from policy import encode_prompt
@@ -26,10 +30,30 @@ def greedy_eval(engine, tok, task, records, max_new_tokens, batch=64):
     return out
 
 
+def evaluate(engine, tok, task, records, max_new_tokens, evaluator=None):
+    """(rows, totals) for this share of the test set. rows: one dict per record, in order, for eval_stepN.jsonl;
+    totals: {metric: [sum, count]}, added up over the searchers by the trainer, which logs eval/<metric> = sum / count.
+    Without an evaluator: greedy accuracy. An evaluator that raises (or returns the wrong number of rows) gives no
+    metrics this time and a warning, never a crash."""
+    if evaluator is None:
+        results = greedy_eval(engine, tok, task, records, max_new_tokens)
+        rows = [{"correct": ok, "completion": text} for text, ok in results]
+        return rows, {"accuracy": [sum(ok for _, ok in results), len(results)]}
+    try:
+        rows, totals = evaluator.evaluate(engine, tok, records, max_new_tokens)
+        if len(rows) != len(records):
+            raise ValueError(f"{len(rows)} rows for {len(records)} records")
+        return rows, {name: [float(s), int(n)] for name, (s, n) in totals.items()}
+    except Exception as e:
+        print(f"warning: the task's evaluator raised {type(e).__name__}: {e}; no eval metrics this time",
+              file=sys.stderr, flush=True)
+        return [{"error": f"{type(e).__name__}: {e}"} for _ in records], {}
+
+
 def main():
     import torch
 
-    from config import Config, ConfigError
+    from config import ConfigError, load_config
     from engine import make_engine
     from policy import ModelError, load_tokenizer
     from rewards import DataError, get_task
@@ -42,22 +66,30 @@ def main():
     ap.add_argument("--engine", default="auto", choices=["auto", "vllm", "hf"])
     ap.add_argument("--dtype", default="bfloat16" if torch.cuda.is_available() else "float32")
     ap.add_argument("--max-new-tokens", type=int, default=512)
-    args = ap.parse_args()
+    ap.add_argument("keys", nargs="*", metavar="KEY=VALUE",
+                    help="config keys for the task's evaluator, e.g. judge_model=PATH")
+    args = ap.parse_intermixed_args()  # KEY=VALUE may follow the options
     try:
         task = get_task(args.task)
         records = task.load(args.data or task.DEFAULT_TEST, "test")
         records = records[: args.n] if args.n else records
         tok = load_tokenizer(args.model)
-        cfg = Config(model=args.model, engine=args.engine, dtype=args.dtype)
+        cfg = load_config(None, [f"model={args.model}", f"engine={args.engine}", f"dtype={args.dtype}", *args.keys])
         device = "cuda" if torch.cuda.is_available() else "cpu"
         longest = max(len(encode_prompt(tok, r["prompt"])) for r in records)
         engine = make_engine(cfg, device, 0, tok.pad_token_id, tok.eos_token_id, longest + args.max_new_tokens)
+        evaluator = task.make_evaluator(cfg, device) if hasattr(task, "make_evaluator") else None
     except (ConfigError, DataError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    results = greedy_eval(engine, tok, task, records, args.max_new_tokens)
-    c = sum(ok for _, ok in results)
-    print(f"accuracy {100 * c / len(results):.1f}% ({c}/{len(results)})")
+    _, totals = evaluate(engine, tok, task, records, args.max_new_tokens, evaluator)
+    for name, (s, n) in totals.items():
+        if name == "accuracy":
+            print(f"accuracy {100 * s / n:.1f}% ({int(s)}/{n})")
+        else:
+            print(f"{name} {s / n if n else math.nan:.4f} (n={n})")
+    if evaluator is not None and not totals:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

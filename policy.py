@@ -2,7 +2,6 @@
 import os
 
 import torch
-import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -25,6 +24,8 @@ def load_tokenizer(path):
 
 def load_model(path, dtype, device):
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
+    logging.disable_progress_bar()  # no "Loading weights" bar per rank in the run's log
     if not os.path.isdir(path) and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ModelError(f"model path not found: {path} (and HF_HUB_OFFLINE=1)")
     try:

@@ -29,15 +29,18 @@ GPU_MODE = pin_gpu()
 
 import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
 
+import checkpoint  # noqa: E402
 from config import ConfigError, load_config  # noqa: E402
 from policy import ModelError, load_tokenizer  # noqa: E402
 from rewards import DataError, get_task  # noqa: E402
 
 
 class Context:
-    """What both roles share: the task and its data, the tokenizer, the device, the weight transport."""
+    """What both roles share: the task and its data, the tokenizer, the device, the weight transport, the checkpoint
+    to resume from."""
 
     def __init__(self, cfg):
+        self.resume = find_resume(cfg)
         self.task = get_task(cfg.task)
         self.train = self.task.load(cfg.train_data or self.task.DEFAULT_TRAIN, "train")
         self.test = self.task.load(cfg.test_data or self.task.DEFAULT_TEST, "test")
@@ -52,13 +55,28 @@ class Context:
         self.make_transport = lambda comm, model: WeightTransport(comm, kind, cfg.dtype, cfg.bucket_mb, self.device, model)
 
 
+def find_resume(cfg):
+    """The checkpoint dir to continue from (resume=auto: the newest complete one in out_dir, None if there is none)."""
+    if not cfg.resume:
+        return None
+    path = checkpoint.latest(os.path.join(cfg.out_dir, "checkpoints")) if cfg.resume == "auto" else cfg.resume
+    step = checkpoint.step_of(path) if path else None
+    if path and step is None:
+        raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint (no meta.json)")
+    if step is not None and step >= cfg.steps:
+        raise ConfigError(f"resume: {path} is at step {step} and steps={cfg.steps}; raise steps to continue")
+    return path
+
+
 def prepare(cfg):
     """Checks that need no process group, run by launch.sh before torchrun: one clear line on a bad input."""
     if not os.path.exists(cfg.model) and cfg.model.startswith(".cache/tiny-"):
         subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "make_tiny.py"),
                         "--out", cfg.model], check=True, stdout=sys.stderr)
-    if cfg.model.startswith((".", "/")) and not os.path.isdir(cfg.model):
-        raise ModelError(f"model path not found: {cfg.model}")
+    for key in ("model", "reward_model", "judge_model", "victim_model", "embed_model"):  # local paths only
+        path = getattr(cfg, key)
+        if path.startswith((".", "/")) and not os.path.isdir(path):
+            raise ModelError(f"{key} path not found: {path}")
     Context(cfg)
     print(cfg.n_searchers + 1)
 

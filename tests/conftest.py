@@ -27,13 +27,43 @@ def free_port():
         return s.getsockname()[1]
 
 
-def torchrun(args, out_dir, timeout=900):
-    """configs/tiny.yaml through torchrun (1 trainer + 2 searchers) with overrides; returns (metrics rows, summary)."""
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+def start(args, out_dir, config="tiny.yaml", env=None):
+    """configs/<config> through torchrun (1 trainer + 2 searchers) with overrides, as a running Popen (own session,
+    output captured) for tests that signal or kill it."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+               **(env or {}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", f"--master_port={free_port()}",
-           os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs", "tiny.yaml"), f"out_dir={out_dir}",
+           os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs", config), f"out_dir={out_dir}",
            "progress=false", *args]
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+
+
+def torchrun(args, out_dir, timeout=900, config="tiny.yaml", env=None):
+    """Run to the end (asserting exit code 0); returns (metrics rows, summary)."""
+    p = start(args, out_dir, config, env)
+    try:
+        output, _ = p.communicate(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, 9)
+    assert p.returncode == 0, output[-6000:]
+    return read_run(out_dir)
+
+
+def read_run(out_dir):
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
     return rows, json.load(open(os.path.join(out_dir, "summary.json")))
+
+
+TINY_TASKS = [os.path.join(ROOT, ".cache", p) for p in ("tiny-tldr/rm", "tiny-tldr/judge", "tiny-tldr/test.jsonl",
+                                                         "tiny-redteam/toxicity")]
+
+
+@pytest.fixture(scope="session")
+def tiny_task_models(tiny_model):
+    """The tiny assets of the model-based tasks tldr and redteam (built once by scripts/make_tiny_models.py, cached
+    under .cache/): returns the .cache folder."""
+    if not all(os.path.exists(p) for p in TINY_TASKS):
+        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny_models.py")], check=True)
+    return os.path.join(ROOT, ".cache")

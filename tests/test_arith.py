@@ -68,3 +68,11 @@ def test_tokenizer_round_trip(tmp_path):
         # prompt + solution tokenizes as the concatenation of the two (training and sampling agree)
         assert tok(r["prompt"] + r["answer"])["input_ids"] == \
             tok(r["prompt"])["input_ids"] + tok(r["answer"], add_special_tokens=False)["input_ids"]
+
+
+def test_file_source_reads_like_gsm8k(tmp_path):
+    path = tmp_path / "mini.jsonl"
+    path.write_text('{"question": "Tom has 2 apples and buys 3 more. How many apples does Tom have now?", "answer": "2 + 3 = 5. #### 5"}\n')
+    [r] = arith.load(str(path), "test")
+    assert r["prompt"] == arith.PROMPT.format(question="Tom has 2 apples and buys 3 more. How many apples does Tom have now?")
+    assert arith.reward("2 + 3 = 5. #### 5", r["answer"]) == 1.0

@@ -33,6 +33,8 @@ def test_overrides_and_types():
     (["micro_batch=12", "K=8"], "must be a multiple of K"),
     (["engine=tgi"], "'engine' must be one of"),
     (["nonsense"], "expected key=value"),
+    (["async=false", "B=7", "n_searchers=2"], "B (7) must be a multiple of n_searchers (2)"),
+    (["max_bad_steps=0"], "'max_bad_steps' must be >= 1"),
 ])
 def test_bad_overrides_raise_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
@@ -61,6 +63,39 @@ def test_prepare_reports_bad_data_in_one_line(tmp_path):
                         f"train_data={data}", f"test_data={data}", f"model={tmp_path}"],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and p.stderr.strip().endswith(f"{data}:2: malformed JSON (Expecting value)"), p.stderr
+
+
+@pytest.mark.parametrize("make, args, message", [
+    (lambda d: None, ["train_data={d}/nothere.jsonl"], "data file not found: {d}/nothere.jsonl"),
+    (lambda d: (d / "empty.jsonl").write_text("\n"), ["train_data={d}/empty.jsonl"], "{d}/empty.jsonl: empty dataset"),
+    (lambda d: (d / "t.jsonl").write_text('{"question": "q"}\n'), ["task=gsm8k", "train_data={d}/t.jsonl"],
+     "{d}/t.jsonl:1: missing text field(s) answer"),
+    (lambda d: None, ["resume={d}"], "resume={d}: {d} is not a complete checkpoint (no meta.json)"),
+    (lambda d: None, ["task={d}/mytask.py"], "task file not found: {d}/mytask.py"),
+    (lambda d: None, ["task=chess"], "unknown task 'chess': no rewards/chess.py"),
+    (lambda d: None, ["model=/nonexistent/model"], "model path not found: /nonexistent/model"),
+    (lambda d: None, ["task=tldr", "reward_model=/nonexistent/rm"], "reward_model path not found: /nonexistent/rm"),
+])
+def test_prepare_names_each_bad_input_in_one_line(tiny_model, tmp_path, make, args, message):
+    make(tmp_path)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--prepare", os.path.join(ROOT, "configs", "tiny.yaml"),
+                        *[a.format(d=tmp_path) for a in args]], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.strip() == f"error: {message.format(d=tmp_path)}", p.stderr
+
+
+def test_a_raising_reward_counts_zero_with_a_warning(capsys):
+    from searcher import score
+
+    class Task:
+        @staticmethod
+        def reward(text, answer):
+            raise ZeroDivisionError("boom")
+    stats = dict(reward_errors=0)
+    assert [score(Task, "weird text", "#### 1", stats) for _ in range(5)] == [0.0] * 5
+    assert stats["reward_errors"] == 5
+    err = capsys.readouterr().err
+    assert err.count("warning: the reward raised ZeroDivisionError: boom") == 3 and "only counted" in err
 
 
 def test_readme_config_reference_is_current():

@@ -32,3 +32,8 @@ def test_parser_rules():
     assert gsm8k.reward("no digits here", "#### 5") == 0.0
     assert gsm8k.reward("", "#### 5") == 0.0
     assert gsm8k.reward("-3", "#### -3") == 1.0
+
+
+@pytest.mark.parametrize("text", ["", "   ", "</s>", "<s><pad></s>", "\x00\ufffd", "1e999999 ####", "." * 5000, "--", "#### ,"])
+def test_strange_completions_score_zero_without_raising(text):
+    assert gsm8k.reward(text, "#### 5") == 0.0

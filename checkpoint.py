@@ -1,0 +1,71 @@
+"""Resumable checkpoints, each written whole or not at all.
+
+    out_dir/checkpoints/step_N/   (and final/ at the end of a run)
+        model.safetensors, config.json, tokenizer files   HF format: eval.py, transformers and vLLM load it as is
+        trainer_state.pth   step, optimizer, replay buffer, RNG states, counters (rank 0)
+        searchers.pth       each searcher's place in its prompt shard and its RNG states, as of the last sync round
+        ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0)
+        meta.json           {"step": N}, written last
+
+A checkpoint is written into NAME.tmp/ and renamed to NAME when complete, so a crash in the middle of a save leaves
+every earlier checkpoint intact; `latest` only considers directories with meta.json and never *.tmp.
+"""
+import json
+import os
+import re
+import shutil
+
+import torch
+
+STEP_DIR = re.compile(r"step_(\d+)$")
+
+
+def save(path, model, tok, trainer_state, searcher_states, ref_state=None):
+    from transformers.utils import logging
+    logging.disable_progress_bar()  # no "Writing model shards" bar in the run's log
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pth"))
+    torch.save(searcher_states, os.path.join(tmp, "searchers.pth"))
+    if ref_state is not None:
+        torch.save(ref_state, os.path.join(tmp, "ref.pth"))
+    with open(os.path.join(tmp, "meta.json"), "w") as f:
+        json.dump({"step": trainer_state["step"]}, f)
+    shutil.rmtree(path, ignore_errors=True)  # re-saving the same step (a resumed run): the old copy goes last
+    os.replace(tmp, path)
+
+
+def step_of(path):
+    """The step a complete checkpoint holds, or None when `path` is not one."""
+    try:
+        with open(os.path.join(path, "meta.json")) as f:
+            return int(json.load(f)["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def latest(ckpt_dir):
+    """The newest complete checkpoint under ckpt_dir (highest step; final/ wins a tie), or None."""
+    if not os.path.isdir(ckpt_dir):
+        return None
+    found = [(step_of(p), name == "final", p) for name in os.listdir(ckpt_dir)
+             if not name.endswith(".tmp") for p in [os.path.join(ckpt_dir, name)]]
+    found = [f for f in found if f[0] is not None]
+    return max(found)[2] if found else None
+
+
+def prune(ckpt_dir, keep):
+    """Delete all but the newest `keep` step_N checkpoints (final/ is never deleted; keep 0 = keep all)."""
+    if keep <= 0:
+        return
+    steps = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir) for m in [STEP_DIR.match(name)] if m)
+    for _, name in steps[:-keep]:
+        shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
+
+
+def load(path, name):
+    """One of the state files of a checkpoint (None when it has none: ref.pth exists only after a reset)."""
+    file = os.path.join(path, name)
+    return torch.load(file, weights_only=False) if os.path.isfile(file) else None

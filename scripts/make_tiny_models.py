@@ -1,0 +1,184 @@
+"""Build the tiny local assets of the model-based tasks (rewards/tldr.py, rewards/redteam.py), for CPU runs and tests.
+
+    python scripts/make_tiny_models.py [--out .cache]         # builds what is missing; under a minute on one core
+
+All models are 2-layer Llama sequence classifiers over the tiny arith tokenizer (scripts/make_tiny.py), so the tiny
+policy .cache/tiny-arith/sft can be the TL;DR policy, the red-team attacker and the red-team victim.
+
+    tiny-tldr/train.jsonl, test.jsonl   synthetic posts in the TL;DR dataset's layout: "query" = "SUBREDDIT: r/...
+                                        TITLE: ... POST: ... TL;DR:" (the frame's own words are unknown to the tiny
+                                        vocabulary and become <unk>), "reference_response" = " <main name> has <his
+                                        items>." The post is 2-4 arith-style sentences about a main person and others.
+    tiny-tldr/rm, tiny-tldr/judge       one-output reward models, trained (Bradley-Terry, a few seconds) to prefer the
+                                        reference summary over corrupted ones (another person, another item, empty,
+                                        repeated, the post copied); the judge has another seed.
+    tiny-redteam/toxicity               two-label classifier (id2label non-toxic / toxic) of a synthetic "toxicity":
+                                        a text is toxic when it contains the digit 9 (the victim, the arith model,
+                                        answers with numbers, so an attacker can learn to provoke it).
+Each folder is built in <folder>.tmp and renamed when complete; an existing one is left alone. Same seed, same files.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+from make_tiny import build_tokenizer  # noqa: E402
+from rewards import arith  # noqa: E402
+
+SUBREDDITS = ["relationships", "AskReddit", "personalfinance"]
+TITLES = ["Need advice", "What do I do", "Help please"]
+SENTENCES = ["{n} has {a} {c} of {i}.", "{n} buys {a} more {i}.", "{n} finds {a} {i}.", "{n} gives away {a} {i}.",
+             "{n} had {a} {i} in each of {b} {c}."]
+
+
+def post(rng):
+    """(query, reference summary, main name, main item) of one synthetic post."""
+    main, item = rng.choice(arith.NAMES), rng.choice(arith.ITEMS)
+    others = [n for n in arith.NAMES if n != main]
+    lines = []
+    for k in range(rng.randint(2, 4)):
+        n = main if k == 0 or rng.random() < 0.5 else rng.choice(others)
+        i = item if n == main else rng.choice(arith.ITEMS)
+        lines.append(rng.choice(SENTENCES).format(n=n, i=i, c=rng.choice(arith.CONTAINERS), a=rng.randint(2, 9),
+                                                   b=rng.randint(2, 9)))
+    query = (f"SUBREDDIT: r/{rng.choice(SUBREDDITS)}\n\nTITLE: {rng.choice(TITLES)}\n\nPOST: {' '.join(lines)}"
+             f"\n\nTL;DR:")
+    return query, f" {main} has {item}.", main, item
+
+
+def corrupt(rng, query, main, item):
+    """A worse summary of the same post."""
+    kind = rng.randrange(5)
+    if kind == 0:
+        return f" {rng.choice([n for n in arith.NAMES if n != main])} has {item}."
+    if kind == 1:
+        return f" {main} has {rng.choice([i for i in arith.ITEMS if i != item])}."
+    if kind == 2:
+        return ""
+    if kind == 3:
+        return f" {main} {main} {main}."
+    return " " + query.split("POST: ")[1].split("\n")[0]
+
+
+def write_posts(folder, seed=0, n_train=300, n_test=32):
+    rng = random.Random(seed)
+    for split, n in (("train", n_train), ("test", n_test)):
+        with open(os.path.join(folder, f"{split}.jsonl"), "w") as f:
+            for _ in range(n):
+                query, ref, _, _ = post(rng)
+                f.write(json.dumps({"query": query, "reference_response": ref}) + "\n")
+
+
+def classifier(tok, num_labels, seed, id2label=None):
+    import torch
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                      bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                      num_labels=num_labels, id2label=id2label or {i: f"LABEL_{i}" for i in range(num_labels)})
+    return LlamaForSequenceClassification(cfg)
+
+
+def batch_logits(model, tok, texts):
+    """Logits of texts + EOS (right padding; the model pools the last non-pad token)."""
+    import torch
+    ids = [tok(t)["input_ids"] + [tok.eos_token_id] for t in texts]
+    T = max(map(len, ids))
+    x = torch.full((len(ids), T), tok.pad_token_id)
+    mask = torch.zeros((len(ids), T), dtype=torch.long)
+    for r, s in enumerate(ids):
+        x[r, : len(s)], mask[r, : len(s)] = torch.tensor(s), 1
+    return model(input_ids=x, attention_mask=mask).logits
+
+
+def train_rm(tok, seed, steps, log):
+    """Bradley-Terry: -log sigmoid(r(post + reference) - r(post + corrupted))."""
+    import torch
+    model, rng = classifier(tok, 1, seed), random.Random(seed + 100)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(steps):
+        good, bad = [], []
+        for _ in range(16):
+            query, ref, main, item = post(rng)
+            good.append(query + ref)
+            bad.append(query + corrupt(rng, query, main, item))
+        r = batch_logits(model, tok, good + bad)[:, 0]
+        loss = -torch.nn.functional.logsigmoid(r[:16] - r[16:]).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if (step + 1) % 25 == 0:
+            right = (r[:16] > r[16:]).float().mean()
+            log(f"  rm seed {seed} step {step + 1}: loss {loss.item():.3f}, pairs ranked right {right:.2f}")
+    return model
+
+
+def toxic_text(rng):
+    """A random arith-style text and whether it contains the digit 9 (the synthetic notion of toxic)."""
+    question, solution = arith.make_problem(rng)
+    text = rng.choice([solution, question, f"{question} {solution}", solution.split("####")[0]])
+    return text, "9" in text
+
+
+def train_toxicity(tok, seed, steps, log):
+    import torch
+    model = classifier(tok, 2, seed, id2label={0: "non-toxic", 1: "toxic"})
+    rng = random.Random(seed + 200)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for step in range(steps):
+        texts, labels = zip(*(toxic_text(rng) for _ in range(32)))
+        logits = batch_logits(model, tok, list(texts))
+        y = torch.tensor(labels, dtype=torch.long)
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if (step + 1) % 25 == 0:
+            accuracy = (logits.argmax(-1) == y).float().mean()
+            log(f"  toxicity step {step + 1}: loss {loss.item():.3f}, accuracy {accuracy:.2f}")
+    return model
+
+
+def build(path, make, tok=None):
+    """Run make(tmp) into path.tmp, then rename; skip when path exists."""
+    if os.path.exists(path):
+        return
+    tmp = path + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    out = make(tmp)
+    if out is not None:
+        out.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+    os.replace(tmp, path)
+    print(f"saved {path}", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.path.join(ROOT, ".cache"))
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    import torch
+    torch.set_num_threads(1)  # one thread: deterministic, and many times faster than two on a busy 2-core box
+    tok = build_tokenizer()
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    tldr, red = os.path.join(args.out, "tiny-tldr"), os.path.join(args.out, "tiny-redteam")
+    os.makedirs(tldr, exist_ok=True)
+    os.makedirs(red, exist_ok=True)
+    if not os.path.isfile(os.path.join(tldr, "test.jsonl")):
+        write_posts(tldr, args.seed)
+    build(os.path.join(tldr, "rm"), lambda tmp: train_rm(tok, args.seed, 100, log), tok)
+    build(os.path.join(tldr, "judge"), lambda tmp: train_rm(tok, args.seed + 1, 100, log), tok)
+    build(os.path.join(red, "toxicity"), lambda tmp: train_toxicity(tok, args.seed, 100, log), tok)
+
+
+if __name__ == "__main__":
+    main()

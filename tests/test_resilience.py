@@ -1,0 +1,208 @@
+"""Surviving long runs: resume after a kill, dead and stuck searchers, non-finite updates, interrupted saves."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import checkpoint
+from conftest import ROOT, read_run, start, torchrun
+
+HF_SYNC = ["engine=hf", "async=false", "n_test=40"]  # HF sampling is replayed exactly after a resume
+NAN_TASK = f"task={os.path.join(ROOT, 'tests', 'tasks', 'nan_reward.py')}"
+
+
+def wait_for(cond, timeout, proc=None, what=""):
+    t0 = time.time()
+    while not cond():
+        if proc is not None and proc.poll() is not None:
+            pytest.fail(f"the job ended (rc {proc.returncode}) before {what}:\n{proc.stdout.read()[-4000:]}")
+        assert time.time() - t0 < timeout, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def workers(job):
+    """{RANK: pid} of the torchrun job's worker processes."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == job.pid:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                rank = next(int(e[5:]) for e in env if e.startswith(b"RANK="))
+                found[rank] = int(pid)
+        except (OSError, StopIteration, ValueError):
+            continue
+    return found
+
+
+def leftovers(out_dir):
+    """Processes whose command line mentions out_dir (there must be none once the job has ended)."""
+    left = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        if f"out_dir={out_dir}" in cmd:
+            left.append(int(pid))
+    return left
+
+
+def rows_by_step(out_dir):
+    rows, _ = read_run(out_dir)
+    return {r["step"]: r for r in rows}
+
+
+def test_resume_after_sigterm_continues_like_an_uninterrupted_run(tiny_model, tmp_path):
+    """Synchronous mode, fixed seeds: 8 steps in one go vs SIGTERM after the step-4 checkpoint + resume=auto."""
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+    torchrun(HF_SYNC + ["steps=8"], whole)
+    job = start(HF_SYNC + ["steps=8", "save_every=4"], cut)
+    try:
+        wait_for(lambda: checkpoint.step_of(os.path.join(cut, "checkpoints", "step_4")) is not None, 600, job,
+                 "the step-4 checkpoint")
+        os.killpg(job.pid, signal.SIGTERM)  # like a pre-emption: every process of the job gets SIGTERM
+        output, _ = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0 and "stopped by SIGTERM" in output, output[-3000:]
+    stopped_at = checkpoint.step_of(checkpoint.latest(os.path.join(cut, "checkpoints")))
+    assert 4 <= stopped_at < 8, stopped_at
+    torchrun(HF_SYNC + ["steps=8", "save_every=4", "resume=auto"], cut)
+
+    a, b = rows_by_step(whole), rows_by_step(cut)
+    assert sorted(b) == list(range(9))  # every step logged exactly once: rows after the checkpoint were redone
+    assert json.load(open(os.path.join(cut, "summary.json")))["steps"] == 8
+    for step in range(1, 9):  # same data, same updates: the resumed run replays the uninterrupted one
+        assert b[step]["buffer/size"] == a[step]["buffer/size"], step
+        assert b[step]["train/loss"] == pytest.approx(a[step]["train/loss"], rel=1e-4), step
+    assert b[8]["eval/accuracy"] == a[8]["eval/accuracy"]
+    kept = sorted(os.listdir(os.path.join(cut, "checkpoints")))
+    assert "final" in kept and len(kept) <= 3 and not any(k.endswith(".tmp") for k in kept), kept  # keep_checkpoints=2
+
+
+def test_killed_searcher_ends_the_job_fast_and_names_it(tiny_model, tmp_path):
+    out = str(tmp_path / "run")
+    job = start(["engine=hf", "steps=100000", "n_test=20"], out)
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(out, "metrics.jsonl"))
+                 and len(open(os.path.join(out, "metrics.jsonl")).readlines()) >= 4, 600, job, "training steps")
+        pid = workers(job)[1]
+        t0 = time.time()
+        os.kill(pid, signal.SIGKILL)
+        output, _ = job.communicate(timeout=60)
+        elapsed = time.time() - t0
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0 and elapsed < 60, (job.returncode, elapsed)
+    assert f"searcher rank 1 (pid {pid}) died" in output, output[-3000:]
+    assert checkpoint.latest(os.path.join(out, "checkpoints")) is not None  # the trainer saved what it had
+    time.sleep(1)
+    assert leftovers(out) == []
+
+
+def test_stuck_searcher_hits_the_timeout_and_ends_the_job(tiny_model, tmp_path):
+    out = str(tmp_path / "run")
+    job = start(["engine=hf", "steps=100000", "n_test=20", "timeout_s=10"], out)
+    pid = None
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(out, "metrics.jsonl"))
+                 and len(open(os.path.join(out, "metrics.jsonl")).readlines()) >= 4, 600, job, "training steps")
+        pid = workers(job)[2]
+        t0 = time.time()
+        os.kill(pid, signal.SIGSTOP)  # a searcher that hangs: alive, never joins the next round
+        output, _ = job.communicate(timeout=90)
+        elapsed = time.time() - t0
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+        if pid:
+            subprocess.run(["kill", "-CONT", str(pid)], capture_output=True)
+    assert job.returncode != 0 and elapsed < 60, (job.returncode, elapsed)
+    assert f"searcher rank 2 (pid {pid}) is stopped" in output, output[-3000:]
+    time.sleep(1)
+    assert leftovers(out) == []
+
+
+def test_non_finite_reward_skips_that_update_and_the_run_goes_on(tiny_model, tmp_path):
+    """NaN rewards for the first prompt each searcher visits: step 1's batch (synchronous mode) is poisoned."""
+    rows, summary = torchrun(HF_SYNC + [NAN_TASK, "steps=4"], str(tmp_path / "run"), env={"NAN_CALLS": "8"})
+    skipped = {r["step"]: r["train/skipped"] for r in rows if "train/skipped" in r}
+    assert skipped == {1: 1, 2: 0, 3: 0, 4: 0}
+    assert summary["skipped_updates"] == 1 and summary["steps"] == 4
+
+
+def test_only_non_finite_updates_stop_the_run_with_a_usable_checkpoint(tiny_model, tmp_path):
+    out = str(tmp_path / "run")
+    job = start(HF_SYNC + [NAN_TASK, "steps=50", "max_bad_steps=3"], out)
+    try:
+        output, _ = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0 and "error: 3 updates in a row had a non-finite loss or gradient" in output, output[-3000:]
+    path = checkpoint.latest(os.path.join(out, "checkpoints"))
+    assert checkpoint.step_of(path) == 3
+    from policy import load_model
+    model, first = load_model(path, "float32", "cpu"), load_model(tiny_model, "float32", "cpu")
+    for (name, p), q in zip(model.named_parameters(), first.parameters()):  # every update was skipped
+        assert torch.equal(p, q), name
+
+
+def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tiny_model, tmp_path, monkeypatch):
+    from policy import load_model, load_tokenizer
+    model, tok = load_model(tiny_model, "float32", "cpu"), load_tokenizer(tiny_model)
+    ckpts = tmp_path / "checkpoints"
+    checkpoint.save(str(ckpts / "step_1"), model, tok, {"step": 1}, {})
+    real_save = torch.save
+
+    def crash_midway(obj, path, *a, **k):
+        if str(path).endswith("searchers.pth"):
+            raise KeyboardInterrupt  # the process dies after the weights and the trainer state are written
+        real_save(obj, path, *a, **k)
+    monkeypatch.setattr(torch, "save", crash_midway)
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)
+    with pytest.raises(KeyboardInterrupt):
+        checkpoint.save(str(ckpts / "step_2"), model, tok, {"step": 2}, {})
+    monkeypatch.setattr(torch, "save", real_save)
+    assert sorted(os.listdir(ckpts)) == ["step_1", "step_2.tmp"]
+    assert checkpoint.latest(str(ckpts)) == str(ckpts / "step_1")
+    reloaded = load_model(str(ckpts / "step_1"), "float32", "cpu")
+    assert torch.equal(next(reloaded.parameters()), next(load_model(tiny_model, "float32", "cpu").parameters()))
+    assert checkpoint.load(str(ckpts / "step_1"), "trainer_state.pth") == {"step": 1}
+
+
+def test_a_killed_saver_never_leaves_a_half_checkpoint(tiny_model, tmp_path):
+    """A process that saves checkpoints in a loop gets SIGKILL at an arbitrary moment: whatever latest() finds loads."""
+    script = (f"import sys; sys.path.insert(0, {ROOT!r}); import checkpoint; from policy import load_model, "
+              f"load_tokenizer; m = load_model({tiny_model!r}, 'float32', 'cpu'); t = load_tokenizer({tiny_model!r})\n"
+              f"for i in range(1, 10**6): checkpoint.save({str(tmp_path)!r} + f'/step_{{i}}', m, t, {{'step': i}}, {{}}); "
+              f"checkpoint.prune({str(tmp_path)!r}, 2); print(i, flush=True)")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "1"
+    time.sleep(1.3)
+    p.kill()
+    p.wait()
+    path = checkpoint.latest(str(tmp_path))
+    from policy import load_model
+    load_model(path, "float32", "cpu")
+    assert checkpoint.load(path, "trainer_state.pth")["step"] == checkpoint.step_of(path) >= 1
+
+
+def test_prune_keeps_the_newest_and_final(tmp_path):
+    for name in ["step_2", "step_10", "step_4", "final", "step_12.tmp"]:
+        os.makedirs(tmp_path / name)
+        if not name.endswith(".tmp"):
+            (tmp_path / name / "meta.json").write_text(json.dumps({"step": 12 if name == "final" else int(name[5:])}))
+    checkpoint.prune(str(tmp_path), 2)
+    assert sorted(os.listdir(tmp_path)) == ["final", "step_10", "step_12.tmp", "step_4"]
+    assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "final")
