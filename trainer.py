@@ -261,7 +261,7 @@ def run(cfg, comm, ctx):
 
     # ------------------------------------------------------------------ start (evaluate, or resume), fill the buffer
     t_start, t_loop = time.perf_counter() - totals["elapsed"], None
-    step = totals["done"] = start  # done: the last step whose update (or skip) is complete
+    step = totals["done"] = totals["logged"] = start  # done: the last step whose update (or skip) is complete
     try:
         if ctx.resume:
             sync_round(start, C.WEIGHTS)  # the searchers wait for the checkpoint's weights before generating
@@ -291,6 +291,7 @@ def run(cfg, comm, ctx):
             row.update({"time/step_seconds": step_s, "time/wait_seconds": step_s - row["time/train_seconds"],
                         "time/elapsed_seconds": time.perf_counter() - t_start})
             log.log(step, dict(row))
+            totals["logged"] = step
             pbar.set_postfix(loss=f"{row['train/loss']:.3g}", reward=f"{row['train/reward_mean']:.2f}",
                              acc=f"{last_eval.get('accuracy', float('nan')):.3f}")
             if totals["bad_in_a_row"] >= cfg.max_bad_steps:
@@ -304,6 +305,8 @@ def run(cfg, comm, ctx):
                 break
     except Stop as e:
         done = totals["done"]
+        if done > totals["logged"]:  # the step trained but its sync round failed: its row still goes in the log
+            log.log(done, dict(row))
         where = f"checkpoint {save(done)}" if t_loop is not None and done > start else "no new step to save"
         log.close()
         print(f"{e}; {where}; continue with resume=auto", file=sys.stderr, flush=True)

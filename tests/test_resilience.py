@@ -104,7 +104,9 @@ def test_killed_searcher_ends_the_job_fast_and_names_it(tiny_model, tmp_path):
             os.killpg(job.pid, signal.SIGKILL)
     assert job.returncode != 0 and elapsed < 60, (job.returncode, elapsed)
     assert f"searcher rank 1 (pid {pid}) died" in output, output[-3000:]
-    assert checkpoint.latest(os.path.join(out, "checkpoints")) is not None  # the trainer saved what it had
+    saved = checkpoint.step_of(checkpoint.latest(os.path.join(out, "checkpoints")))  # the trainer saved what it had
+    logged = [json.loads(line)["step"] for line in open(os.path.join(out, "metrics.jsonl"))]
+    assert saved is not None and logged[-1] == saved and logged == list(range(saved + 1))  # no step missing
     time.sleep(1)
     assert leftovers(out) == []
 
