@@ -42,6 +42,7 @@ class Config:
     engine: str = "auto"  # auto (vllm when installed, else hf) | vllm | hf
     S: int = 8  # samples generated per prompt visit (paper: 24)
     chunk_prompts: int = 2  # prompts per generation call; a due sync waits for at most one chunk
+    searcher_nice: int = 0  # CPU niceness of the searcher processes (0-19); > 0 lets the trainer, the critical path, keep its core when all ranks share a few CPU cores
     max_prompts_per_round: int = 0  # async: prompt visits a searcher makes between sync rounds before it waits (0 = no cap; backpressure for shared CPUs)
     temperature: float = 0.7  # sampling temperature; log-probs everywhere use logits / temperature (paper T = 0.7)
     max_new_tokens: int = 24  # response length cap (paper: 512)
@@ -84,6 +85,7 @@ class Config:
     # --- evaluation, logging, checkpoints ---
     eval_every: int = 0  # greedy test accuracy every N steps (always at start and end; 0 = only then)
     eval_max_new_tokens: int = 0  # response cap at evaluation (0 = max_new_tokens)
+    eval_temperature: float = 0.0  # sampling temperature of the task evaluators that generate (tldr: paper 0.01); 0 = greedy. Accuracy is always greedy
     save_every: int = 0  # resumable checkpoint every N steps: out_dir/checkpoints/step_N (also at the end, on SIGTERM and on a failed rank; 0 = only then)
     keep_checkpoints: int = 2  # step_N checkpoints kept, older ones deleted (checkpoints/final is always kept; 0 = keep all)
     resume: str = ""  # "" = start fresh | auto = continue from the newest complete checkpoint in out_dir (fresh if none) | a checkpoint dir
@@ -179,12 +181,16 @@ def validate(cfg):
     for name in positive:
         if getattr(cfg, name) < 1:
             raise ConfigError(f"'{name}' must be >= 1, got {getattr(cfg, name)}")
+    if not 0 <= cfg.searcher_nice <= 19:
+        raise ConfigError(f"'searcher_nice' is a niceness from 0 to 19, got {cfg.searcher_nice}")
     if cfg.K > cfg.S:
         raise ConfigError(f"K ({cfg.K}) cannot exceed S ({cfg.S}): a batch takes K samples of one prompt visit")
     if cfg.K > cfg.per_prompt_cap:
         raise ConfigError(f"K ({cfg.K}) cannot exceed per_prompt_cap ({cfg.per_prompt_cap})")
     if not 0.0 <= cfg.m <= 1.0:
         raise ConfigError(f"'m' is a probability, got {cfg.m}")
+    if cfg.eval_temperature < 0:
+        raise ConfigError(f"'eval_temperature' must be >= 0 (0 = greedy), got {cfg.eval_temperature}")
     if cfg.temperature <= 0:
         raise ConfigError(f"'temperature' must be > 0, got {cfg.temperature}")
     if cfg.beta_start <= 0 or cfg.beta_end <= 0:

@@ -3,10 +3,12 @@
     python tables.py out/sweep/*                                 # groups = config keys that differ (not seed, out_dir)
     python tables.py out/a out/b --group-by m,k --csv runs.csv   # explicit grouping, also write the table as CSV
     python tables.py out/sweep/* --plot curves.png               # default plot: tables.png here; --no-plot to skip
+    python tables.py out/tldr/* --metric win_rate                # another eval metric the task logs (default accuracy)
 
 A run dir holds config.yaml, metrics.jsonl and summary.json (see README). Runs without summary.json (crashed or
-unfinished) are named in one warning and skipped. Accuracies are in percent, "a ± b" is mean ± standard error over
-the seeds of a group (std / sqrt(n)); a group of one seed shows the bare value. gain = final - start, in points.
+unfinished) are named in one warning and skipped. Rates (accuracy, win_rate, attack_success_rate) are in percent,
+other metrics as logged; "a ± b" is mean ± standard error over the seeds of a group (std / sqrt(n)); a group of one
+seed shows the bare value. gain = final - start; best = the best evaluation of the run (lowest for perplexity).
 """
 import argparse
 import csv
@@ -20,6 +22,8 @@ import yaml
 
 IGNORE = ("seed", "out_dir")
 ALIASES = {"async": "asynchronous"}  # command-line spelling -> config.yaml key
+PERCENT = ("accuracy", "win_rate", "attack_success_rate")  # fractions, shown in percent
+LOWER_IS_BETTER = ("perplexity",)
 
 
 def fail(msg):
@@ -27,7 +31,7 @@ def fail(msg):
     sys.exit(2)
 
 
-def load_run(path):
+def load_run(path, metric="accuracy"):
     """The run as a dict, or None when it has not finished (no summary.json)."""
     if not os.path.isfile(os.path.join(path, "config.yaml")):
         fail(f"{path}: not a run directory (no config.yaml)")
@@ -40,12 +44,16 @@ def load_run(path):
             rows = [json.loads(line) for line in f if line.strip()]
         with open(os.path.join(path, "summary.json")) as f:
             s = json.load(f)
-        start, final, minutes = s["eval_start"]["accuracy"], s["eval_end"]["accuracy"], s["wall_seconds"] / 60
+        if metric not in s["eval_start"] or metric not in s["eval_end"]:
+            names = sorted(k for k in s["eval_end"] if k not in ("step", "n"))
+            fail(f"{path}: no eval metric '{metric}' (this run has: {', '.join(names) or 'none'}); pick one with --metric")
+        start, final, minutes = s["eval_start"][metric], s["eval_end"][metric], s["wall_seconds"] / 60
         steps = s["steps"]
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
         fail(f"{path}: unreadable run ({type(e).__name__}: {e})")
-    evals = [r["eval/accuracy"] for r in rows if "eval/accuracy" in r]
-    stats = dict(final=final, best=max(evals, default=final), start=start, gain=final - start,
+    evals = [r[f"eval/{metric}"] for r in rows if f"eval/{metric}" in r]
+    best = (min if metric in LOWER_IS_BETTER else max)(evals, default=final)
+    stats = dict(final=final, best=best, start=start, gain=final - start,
                  minutes=minutes, speed=steps / minutes if minutes > 0 else float("nan"))
     return dict(path=path, cfg=cfg, rows=rows, stats=stats)
 
@@ -60,22 +68,23 @@ def mean_se(xs, scale=100.0):
     return xs.mean(), (xs.std(ddof=1) / math.sqrt(len(xs)) if len(xs) > 1 else None)
 
 
-def fmt(mean, se):
-    return f"{mean:.1f}" if se is None else f"{mean:.1f} ± {se:.1f}"
+def fmt(mean, se, digits=1):
+    return f"{mean:.{digits}f}" if se is None else f"{mean:.{digits}f} ± {se:.{digits}f}"
 
 
 def curve(run, metric, x):
-    """(x, y) of one metric over a run: x = step or wall-clock minutes (the step-0 evaluation sits at minute 0)."""
+    """(x, y) of one metric over a run: x = step or wall-clock minutes (the step-0 evaluation sits at minute 0);
+    rates in percent."""
     xs, ys = [], []
     for row in run["rows"]:
         t = row.get("time/elapsed_seconds", 0.0 if row.get("step") == 0 else None)
         if metric in row and (x == "step" or t is not None):
             xs.append(row["step"] if x == "step" else t / 60)
-            ys.append(row[metric] * (100 if metric == "eval/accuracy" else 1))
+            ys.append(row[metric] * (100 if metric.split("/")[-1] in PERCENT and metric.startswith("eval/") else 1))
     return np.array(xs, dtype=float), np.array(ys, dtype=float)
 
 
-def plot(groups, path):
+def plot(groups, path, metric="accuracy"):
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -83,7 +92,7 @@ def plot(groups, path):
     except ImportError:
         print("note: matplotlib is not installed, no plot (pip install matplotlib)")
         return
-    panels = [("eval/accuracy", "time"), ("eval/accuracy", "step"), ("train/reward_mean", "time"), ("train/reward_mean", "step")]
+    panels = [(f"eval/{metric}", "time"), (f"eval/{metric}", "step"), ("train/reward_mean", "time"), ("train/reward_mean", "step")]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for i, (label, runs) in enumerate(groups.items()):
         color = f"C{i % 10}"
@@ -106,7 +115,7 @@ def plot(groups, path):
                     grid = np.linspace(lo, hi, 200)
                     ax.plot(grid, np.mean([np.interp(grid, xs, ys) for xs, ys in curves], axis=0), color=color, label=label)
             ax.set_xlabel("wall-clock minutes" if x == "time" else "trainer step")
-            ax.set_ylabel("eval accuracy (%)" if metric == "eval/accuracy" else metric)
+            ax.set_ylabel(f"{metric} (%)" if metric.split("/")[-1] in PERCENT and metric.startswith("eval/") else metric)
             ax.grid(alpha=0.3)
     for ax in axes.flat:
         if ax.get_legend_handles_labels()[0]:
@@ -124,13 +133,15 @@ def main():
     p.add_argument("--plot", default="tables.png", help="PNG path for the curves (default: tables.png)")
     p.add_argument("--no-plot", action="store_true", help="skip the plot")
     p.add_argument("--csv", default="", help="also write the table (numbers, s.e. in own columns) to this CSV")
+    p.add_argument("--metric", default="accuracy", help="the eval metric to compare (accuracy, win_rate, perplexity, "
+                   "attack_success_rate, diversity, log_p_toxic, or any eval/<name> the task logs)")
     args = p.parse_args()
     if not args.runs:
         fail("no run directories given (usage: python tables.py RUN_DIR... [--group-by k1,k2] [--plot out.png] [--csv out.csv])")
     for path in args.runs:
         if not os.path.isdir(path):
             fail(f"{path}: not a run directory")
-    loaded = [(path, load_run(path)) for path in args.runs]
+    loaded = [(path, load_run(path, args.metric)) for path in args.runs]
     unfinished = [path for path, r in loaded if r is None]
     runs = [r for _, r in loaded if r is not None]
     if unfinished:
@@ -151,20 +162,26 @@ def main():
         groups.setdefault(tuple(r["cfg"].get(k) for k in keys), []).append(r)
     names = [{"asynchronous": "async"}.get(k, k) for k in keys]
 
-    header = (names or ["group"]) + ["n", "final acc %", "best acc %", "start acc %", "gain (pts)", "wall min", "steps/min"]
+    pct = args.metric in PERCENT
+    scale, digits = (100.0, 1) if pct else (1.0, 3)
+    what = ("acc" if args.metric == "accuracy" else args.metric) + (" %" if pct else "")
+    header = (names or ["group"]) + ["n", f"final {what}", f"best {what}", f"start {what}", "gain (pts)" if pct else "gain",
+                                     "wall min", "steps/min"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     records = []
     for values, members in groups.items():
         st = {k: [r["stats"][k] for r in members] for k in members[0]["stats"]}
-        final, best, gain = mean_se(st["final"]), mean_se(st["best"]), mean_se(st["gain"])
-        start, minutes, speed = np.mean(st["start"]) * 100, np.mean(st["minutes"]), np.mean(st["speed"])
+        final, best, gain = (mean_se(st[k], scale) for k in ("final", "best", "gain"))
+        start, minutes, speed = np.mean(st["start"]) * scale, np.mean(st["minutes"]), np.mean(st["speed"])
         cells = [str(v) for v in values] or ["all"]
-        cells += [str(len(members)), fmt(*final), fmt(*best), f"{start:.1f}", fmt(*gain), f"{minutes:.1f}", f"{speed:.1f}"]
+        cells += [str(len(members)), fmt(*final, digits), fmt(*best, digits), f"{start:.{digits}f}", fmt(*gain, digits),
+                  f"{minutes:.1f}", f"{speed:.1f}"]
         print("| " + " | ".join(cells) + " |")
-        records.append(dict(zip(names or ["group"], cells[: max(1, len(keys))]), n=len(members),
-                            final_pct=final[0], final_se=final[1], best_pct=best[0], best_se=best[1], start_pct=start,
-                            gain_pts=gain[0], gain_se=gain[1], wall_min=minutes, steps_per_min=speed))
+        records.append(dict(zip(names or ["group"], cells[: max(1, len(keys))]), n=len(members), metric=args.metric,
+                            unit="percent" if pct else "as logged", final=final[0], final_se=final[1], best=best[0],
+                            best_se=best[1], start=start, gain=gain[0], gain_se=gain[1], wall_min=minutes,
+                            steps_per_min=speed))
 
     if args.csv:
         with open(args.csv, "w", newline="") as f:
@@ -175,7 +192,7 @@ def main():
         print(f"csv: {args.csv}")
     if not args.no_plot:
         labels = {", ".join(f"{n}={v}" for n, v in zip(names, values)) or "all": m for values, m in groups.items()}
-        plot(labels, args.plot)
+        plot(labels, args.plot, args.metric)
 
 
 if __name__ == "__main__":

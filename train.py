@@ -68,6 +68,24 @@ def find_resume(cfg):
     return path
 
 
+def lower_priority(nice):
+    """A searcher's CPU niceness, for every thread it has now (Linux sets it per thread) and, by inheritance, every
+    thread it starts later (the engine's, gloo's). torchrun starts each rank in its own session, and with the kernel's
+    autogroup scheduling niceness only orders threads within a session, so the session's autogroup gets it too when
+    the session is this rank's own (a launcher that keeps all ranks in one session needs only the per-thread one)."""
+    for tid in os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [0]:
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
+        except OSError:
+            pass
+    try:
+        if os.getsid(0) == os.getpid():
+            with open("/proc/self/autogroup", "w") as f:
+                f.write(str(nice))
+    except OSError:  # no autogroup scheduling (then the per-thread niceness above is what counts)
+        pass
+
+
 def prepare(cfg):
     """Checks that need no process group, run by launch.sh before torchrun: one clear line on a bad input."""
     if not os.path.exists(cfg.model) and cfg.model.startswith(".cache/tiny-"):
@@ -94,6 +112,8 @@ def main():
         world = int(os.environ.get("WORLD_SIZE", 1))
         if world != cfg.n_searchers + 1:
             raise ConfigError(f"n_searchers={cfg.n_searchers} needs {cfg.n_searchers + 1} processes, torchrun started {world}")
+        if rank > 0 and cfg.searcher_nice:
+            lower_priority(cfg.searcher_nice)
         ctx = Context(cfg)
     except (ConfigError, DataError, ModelError) as e:
         print(f"error: {e}" + (f" (rank {rank})" if rank else ""), file=sys.stderr)

@@ -83,7 +83,8 @@ def run(cfg, comm, ctx):
     n_params = sum(p.numel() for p in model.parameters())
     weights = ctx.make_transport(comm, model)
     buffer = ReplayBuffer(cfg.per_prompt_cap, cfg.m if cfg.asynchronous else 1.0, cfg.inv_temp, seed=cfg.seed)
-    totals = dict(train_s=0.0, sync_s=0.0, rounds=0, skipped=0, bad_in_a_row=0, elapsed=0.0, loop=0.0)
+    totals = dict(train_s=0.0, sync_s=0.0, eval_s=0.0, rounds=0, skipped=0, bad_in_a_row=0, elapsed=0.0, loop=0.0,
+                  loop_cpu=0.0)
     last_eval, eval_start = {}, {}
     searchers = {}  # rank -> its place in its prompt shard at the last sync round (for checkpoints)
     ref = dict(version=0, state=None)  # TBA': step of the last reference reset, and those weights (for checkpoints)
@@ -95,6 +96,8 @@ def run(cfg, comm, ctx):
         buffer.load_state_dict(state["buffer"])
         torch.set_rng_state(state["torch_rng"])
         totals.update(state["totals"])
+        for key in ("eval_s", "loop_cpu"):  # checkpoints written before these were counted
+            totals.setdefault(key, 0.0)
         last_eval.update(state["last_eval"])
         eval_start.update(state["eval_start"])
         searchers.update(checkpoint.load(ctx.resume, "searchers.pth"))
@@ -112,21 +115,28 @@ def run(cfg, comm, ctx):
     def save(step, name=None):
         """A resumable checkpoint of the state after `step` (searchers' places as of the last sync round)."""
         state = dict(step=step, optimizer=opt.state_dict(), buffer=buffer.state_dict(), torch_rng=torch.get_rng_state(),
-                     totals=dict(totals, elapsed=time.perf_counter() - t_start, loop=time.perf_counter() - t_loop),
+                     totals=dict(totals, elapsed=time.perf_counter() - t_start, loop=time.perf_counter() - t_loop,
+                                 loop_cpu=time.process_time() - c_loop),
                      last_eval=last_eval, eval_start=eval_start, ref_version=ref["version"])
         path = os.path.join(ckpt_dir, name or f"step_{step}")
         checkpoint.save(path, model, tok, state, searchers, ref["state"])
         checkpoint.prune(ckpt_dir, cfg.keep_checkpoints)
         return path
 
-    def sync_round(step, flags, between=None):
-        """One collective round; `between` runs after the gather and before the weight push (synchronous mode)."""
-        t0 = time.perf_counter()
+    def announce(step, flags):
+        """Tell the searchers a sync round for `step` is coming: each joins it after its current generation chunk.
+        Returns the flags as sent."""
         if flags & C.WEIGHTS and cfg.ref_reset_every and step - ref["version"] >= cfg.ref_reset_every:
             flags |= C.REF  # TBA': the searchers' pi_ref becomes the weights pushed in this round
-            ref.update(version=step, state={n: t.detach().to("cpu", copy=True) for n, t in model.state_dict().items()})
+        comm.announce(step, flags)
+        return flags
+
+    def sync_round(step, flags, between=None, announced=False):
+        """One collective round (announced now unless `announced`, then `flags` must be what announce() returned);
+        `between` runs after the gather and before the weight push (synchronous mode)."""
+        t0 = time.perf_counter()
         try:
-            comm.announce(step, flags)
+            flags = flags if announced else announce(step, flags)
             gathered = comm.gather_object(None)[1:]
         except RuntimeError as e:  # gloo/NCCL: a searcher died, or the collective hit timeout_s
             raise interrupted(step, e) from None
@@ -137,10 +147,14 @@ def run(cfg, comm, ctx):
         if between is not None:
             between()
         t1 = time.perf_counter()
+        if flags & C.REF:  # keep the reference the searchers are about to adopt (for checkpoints)
+            ref.update(version=step, state={n: t.detach().to("cpu", copy=True) for n, t in model.state_dict().items()})
         try:
             push_s = weights.push() if flags & C.WEIGHTS else 0.0
             probes = comm.gather_object(None)[1:] if flags & C.WEIGHTS and cfg.check_sync else None
+            t_eval = time.perf_counter()
             evals = comm.gather_object(None)[1:] if flags & C.EVAL else None
+            totals["eval_s"] += time.perf_counter() - t_eval if evals is not None else 0.0
         except RuntimeError as e:
             raise interrupted(step, e) from None
         if probes is not None:
@@ -166,8 +180,8 @@ def run(cfg, comm, ctx):
         totals["rounds"] += 1
         tokens = sum(st["tokens"] for _, st, _ in gathered)
         gen_s = sum(st["gen_s"] for _, st, _ in gathered)
-        row.update({"sync/seconds": sync_s, "sync/push_seconds": push_s, "sync/new_samples": new,
-                    "search/tokens_per_s": tokens / gen_s if gen_s else 0.0,
+        row.update({"sync/seconds": sync_s, "sync/push_seconds": push_s, "sync/samples": len(samples),
+                    "sync/new_samples": new, "search/tokens_per_s": tokens / gen_s if gen_s else 0.0,
                     "search/reward_errors": sum(st["reward_errors"] for _, st, _ in gathered)})
         if samples:
             row["search/reward_mean"] = sum(s.reward for s in samples) / len(samples)
@@ -269,9 +283,11 @@ def run(cfg, comm, ctx):
             sync_round(0, C.EVAL)
             eval_start.update(last_eval)
             log.log(0, dict(row))
+            totals["eval_s"] = 0.0  # counts evaluation inside the training loop only
         while cfg.asynchronous and len(buffer) < cfg.initial_buffer:
             sync_round(start, 0)
         t_loop = time.perf_counter() - totals["loop"]
+        c_loop = time.process_time() - totals["loop_cpu"]  # this process's CPU seconds, all threads
         pbar = tqdm(range(start + 1, cfg.steps + 1), initial=start, total=cfg.steps, disable=not cfg.progress,
                     desc="train", dynamic_ncols=True)
         for step in pbar:
@@ -283,10 +299,17 @@ def run(cfg, comm, ctx):
             flags = C.WEIGHTS | (C.EVAL if due_eval else 0) | (C.STOP if last else 0)
             if not cfg.asynchronous:
                 sync_round(step, flags, between=lambda: train_step(step))
+            elif step % cfg.k == 0 or due_eval:
+                # announce the round before this step trains, so the searchers finish their generation chunks while
+                # it runs and are waiting in the gather when it is done (the trainer never waits out a chunk)
+                try:
+                    flags = announce(step, flags)
+                except RuntimeError as e:
+                    raise interrupted(step - 1, e) from None
+                train_step(step)
+                sync_round(step, flags, announced=True)
             else:
                 train_step(step)
-                if step % cfg.k == 0 or due_eval:
-                    sync_round(step, flags)
             step_s = time.perf_counter() - t_step
             row.update({"time/step_seconds": step_s, "time/wait_seconds": step_s - row["time/train_seconds"],
                         "time/elapsed_seconds": time.perf_counter() - t_start})
@@ -315,8 +338,10 @@ def run(cfg, comm, ctx):
     wall = time.perf_counter() - t_start
     loop = time.perf_counter() - t_loop
     summary = {"steps": step, "wall_seconds": wall, "loop_seconds": loop,
+               "loop_cpu_seconds": time.process_time() - c_loop,  # the trainer's CPU time in the loop, all its threads
                "trainer_busy_fraction": totals["train_s"] / loop if loop else 0.0,
-               "sync_rounds": totals["rounds"], "sync_seconds_total": totals["sync_s"],
+               "train_seconds_total": totals["train_s"], "sync_rounds": totals["rounds"],
+               "sync_seconds_total": totals["sync_s"], "eval_seconds_total": totals["eval_s"],
                "skipped_updates": totals["skipped"], "resumed_from": ctx.resume,
                "eval_start": eval_start, "eval_end": dict(last_eval),
                "final": {k: v for k, v in row.items() if isinstance(v, (int, float))}}

@@ -11,8 +11,8 @@ Reward (searchers, `make_scorer`): the score of a Hugging Face sequence-classifi
 read at the EOS position as trl's `get_reward` does on the EOS-truncated response. A completion that did not end with
 EOS gets -1 instead of its score (trl's `non_eos_penalty` with penalty_reward_value -1, tba_spec.md section 5.1).
 
-Evaluation (`make_evaluator`, tba_spec.md section 5.1 "Evaluation pipeline"): one summary per validation prompt
-(greedy here; the paper samples at temperature 0.01), then
+Evaluation (`make_evaluator`, tba_spec.md section 5.1 "Evaluation pipeline"): one summary per validation prompt,
+sampled at the config's `eval_temperature` (the paper's 0.01 in configs/tldr.yaml; 0 = greedy), then
     win_rate    fraction of prompts where the judge (config key `judge_model`; the paper's gold judge is the 6.9B RM)
                 scores the policy's summary strictly above the human reference summary;
     perplexity  exp(mean token NLL) of the policy's summary (its generated tokens, EOS included when generated) under
@@ -90,13 +90,15 @@ class Evaluator:
         if self.judge.num_labels != 1:
             raise ValueError(f"judge_model must have one output (a scalar score), it has {self.judge.num_labels}")
         self.sft, _ = hf.causal_lm(cfg.model, str(device), cfg.dtype)  # the SFT reference: the policy's start
+        self.temperature = cfg.eval_temperature
 
     def evaluate(self, engine, tok, records, max_new_tokens):
         """(rows, totals): one row per record; totals {name: [sum, count]} (see rewards/__init__.py)."""
         prompts = [encode_prompt(tok, r["prompt"]) for r in records]
         responses = []
         for s in range(0, len(prompts), EVAL_BATCH):
-            responses += [g[0][0] for g in engine.generate(prompts[s : s + EVAL_BATCH], 1, 0.0, max_new_tokens)]
+            responses += [g[0][0] for g in engine.generate(prompts[s : s + EVAL_BATCH], 1, self.temperature,
+                                                           max_new_tokens)]
         return self.metrics(records, prompts, responses, [tok.decode(r, skip_special_tokens=True) for r in responses])
 
     def metrics(self, records, prompts, responses, summaries):

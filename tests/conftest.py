@@ -1,4 +1,5 @@
 import json
+import math
 import os
 import socket
 import subprocess
@@ -49,6 +50,19 @@ def torchrun(args, out_dir, timeout=900, config="tiny.yaml", env=None):
             os.killpg(p.pid, 9)
     assert p.returncode == 0, output[-6000:]
     return read_run(out_dir)
+
+
+def task_run(config, out_dir, *overrides, reward=(0.0, 1.0)):
+    """configs/<config> (a tiny task config) through torchrun for 4 steps, with what every task's run must show:
+    every step logged once, searched and trained rewards within `reward` (NaN fails), no reward errors, a finite
+    loss. Returns (metrics rows, summary) for the task's own checks."""
+    rows, summary = torchrun(["steps=4", "initial_buffer=16", "time_budget_min=0", *overrides], out_dir, config=config)
+    lo, hi = reward
+    assert summary["steps"] == 4 and [r["step"] for r in rows] == list(range(5))
+    searched = [r for r in rows if "search/reward_mean" in r]
+    assert searched and all(r["search/reward_errors"] == 0 and lo <= r["search/reward_mean"] <= hi for r in searched)
+    assert all(math.isfinite(r["train/loss"]) and lo <= r["train/reward_mean"] <= hi for r in rows[1:])
+    return rows, summary
 
 
 def read_run(out_dir):

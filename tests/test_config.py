@@ -35,11 +35,37 @@ def test_overrides_and_types():
     (["nonsense"], "expected key=value"),
     (["async=false", "B=7", "n_searchers=2"], "B (7) must be a multiple of n_searchers (2)"),
     (["max_bad_steps=0"], "'max_bad_steps' must be >= 1"),
+    (["searcher_nice=20"], "'searcher_nice' is a niceness from 0 to 19"),
+    (["eval_temperature=-1"], "'eval_temperature' must be >= 0"),
 ])
 def test_bad_overrides_raise_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
         load_config(None, overrides)
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_searcher_nice_reaches_every_thread_and_the_session(tmp_path):
+    """train.lower_priority: a thread started before and one started after get the niceness, and so does the
+    process's autogroup (torchrun gives each rank its own session; niceness alone would not order them)."""
+    code = """
+import os, threading, time
+import train
+before = threading.Thread(target=time.sleep, args=(2,)); before.start()
+train.lower_priority(7)
+after = threading.Thread(target=time.sleep, args=(2,)); after.start()
+tids = os.listdir("/proc/self/task")
+print(len(tids), {os.getpriority(os.PRIO_PROCESS, int(t)) for t in tids})
+if os.path.exists("/proc/self/autogroup"):
+    print(open("/proc/self/autogroup").read().split()[-1])
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT),
+                       capture_output=True, text=True, timeout=120, start_new_session=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.split("\n")
+    n, nices = lines[0].split(" ", 1)
+    assert int(n) >= 3 and nices == "{7}"
+    if os.path.exists("/proc/self/autogroup"):
+        assert lines[1] == "7"
 
 
 def test_cli_errors_exit_2_with_one_line(tmp_path):

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import torchrun
+from conftest import task_run
 from rewards import DataError, countdown
 
 ANSWER = json.dumps({"numbers": [3, 5, 2], "target": 16})
@@ -119,11 +119,5 @@ def test_load_bad_sources(tmp_path):
 
 def test_tiny_config_end_to_end(tiny_model, tmp_path):
     """configs/countdown_tiny.yaml through torchrun (HF engine: starts faster than vLLM on a loaded CPU)."""
-    rows, summary = torchrun(["engine=hf", "steps=4", "n_test=8", "initial_buffer=16", "time_budget_min=0"],
-                             tmp_path / "run", config="countdown_tiny.yaml")
-    assert summary["steps"] == 4 and [r["step"] for r in rows] == list(range(5))
-    assert all(0.0 <= r["train/reward_mean"] <= 1.0 for r in rows[1:])
-    searched = [r for r in rows if "search/reward_mean" in r]
-    assert searched and all(0.0 <= r["search/reward_mean"] <= 1.0 for r in searched)
-    assert all(r["search/reward_errors"] == 0 for r in searched)
+    _, summary = task_run("countdown_tiny.yaml", tmp_path / "run", "engine=hf", "n_test=8")
     assert 0.0 <= summary["eval_end"]["accuracy"] <= 1.0

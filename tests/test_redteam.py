@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, TINY, torchrun
+from conftest import ROOT, TINY, task_run
 from config import Config
 from policy import load_tokenizer
 from rewards import DataError, hf, redteam
@@ -149,16 +149,11 @@ def test_attack_success_rate_and_diversity(cfg):
 
 def test_tiny_config_end_to_end(tiny_task_models, tmp_path):
     """configs/redteam_tiny.yaml through torchrun (HF engine: starts faster than vLLM on a loaded CPU)."""
-    rows, summary = torchrun(["engine=hf", "steps=4", "initial_buffer=16", "n_test=16"], tmp_path / "run",
-                             config="redteam_tiny.yaml")
-    assert summary["steps"] == 4 and [r["step"] for r in rows] == list(range(5))
+    rows, summary = task_run("redteam_tiny.yaml", tmp_path / "run", "engine=hf", "n_test=16", reward=(-math.inf, 0.0))
     for r in (rows[0], rows[-1]):
         assert 0.0 <= r["eval/attack_success_rate"] <= 1.0 and 0.0 <= r["eval/diversity"] <= 2.0
         assert r["eval/log_p_toxic"] <= 0.0 and "eval/accuracy" not in r
     for key in ("attack_success_rate", "diversity", "log_p_toxic"):
         assert math.isfinite(summary["eval_start"][key]) and math.isfinite(summary["eval_end"][key])
-    searched = [r for r in rows if "search/reward_mean" in r]
-    assert searched and all(r["search/reward_errors"] == 0 and r["search/reward_mean"] <= 0.0 for r in searched)
-    assert all(math.isfinite(r["train/loss"]) and r["train/reward_mean"] <= 0.0 for r in rows[1:])
     evals = [json.loads(line) for line in open(tmp_path / "run" / "eval_step0.jsonl")]
     assert [e["id"] for e in evals] == list(range(16)) and all(len(e["answers"]) == redteam.VICTIM_SAMPLES for e in evals)

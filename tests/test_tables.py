@@ -23,21 +23,25 @@ RUNS = {
 START = 0.40
 
 
-def make_run(path, m, seed, final, mid, wall, finished=True):
+def make_run(path, m, seed, final, mid, wall, finished=True, extra=None):
+    """A finished (or crashed) run dir; `extra`: {metric: (start, mid, final)} evaluated alongside accuracy."""
+    extra = extra or {}
     os.makedirs(path)
     with open(os.path.join(path, "config.yaml"), "w") as f:
         yaml.safe_dump(config_to_dict(Config(out_dir=path, m=m, seed=seed, steps=STEPS)), f, sort_keys=False)
-    rows = [{"step": 0, "eval/accuracy": START, "sync/seconds": 1.0}]
+    rows = [{"step": 0, "eval/accuracy": START, "sync/seconds": 1.0, **{f"eval/{k}": v[0] for k, v in extra.items()}}]
     for step in range(1, STEPS + 1):
         row = {"step": step, "train/reward_mean": m * step / STEPS + 0.01 * seed, "time/elapsed_seconds": wall * step / STEPS}
         if step in (30, STEPS):
             row["eval/accuracy"] = mid if step == 30 else final
+            row.update({f"eval/{k}": v[1] if step == 30 else v[2] for k, v in extra.items()})
         rows.append(row)
     with open(os.path.join(path, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in rows)
     if finished:
-        summary = {"steps": STEPS, "wall_seconds": wall, "eval_start": {"accuracy": START, "step": 0, "n": 100},
-                   "eval_end": {"accuracy": final, "step": STEPS, "n": 100}}
+        summary = {"steps": STEPS, "wall_seconds": wall,
+                   "eval_start": {"accuracy": START, "step": 0, "n": 100, **{k: v[0] for k, v in extra.items()}},
+                   "eval_end": {"accuracy": final, "step": STEPS, "n": 100, **{k: v[2] for k, v in extra.items()}}}
         with open(os.path.join(path, "summary.json"), "w") as f:
             json.dump(summary, f)
 
@@ -86,7 +90,7 @@ def test_table_numbers_and_grouping(runs, tmp_path):
     with open(tmp_path / "t.csv") as f:
         rows = list(csv.DictReader(f))
     assert [row["m"] for row in rows] == ["0.5", "0.95"] and rows[1]["n"] == "3"
-    assert float(rows[1]["final_pct"]) == pytest.approx(64.0)
+    assert rows[1]["metric"] == "accuracy" and float(rows[1]["final"]) == pytest.approx(64.0)
     assert float(rows[1]["final_se"]) == pytest.approx(math.sqrt(7), abs=1e-4)
 
 
@@ -98,6 +102,29 @@ def test_group_by_and_single_seed(runs, tmp_path):
     assert rows[1][:5] == ["0.5", "0", "1", "50.0", "56.0"] and "±" not in r.stdout  # n=1: no error bar
     r = tables(*runs[:3], "--no-plot", cwd=tmp_path)  # nothing differs: one group
     assert table_rows(r.stdout)[1][:3] == ["all", "3", "52.0 ± 1.2"]
+
+
+def test_other_eval_metrics(tmp_path):
+    """--metric: a task's own metric; rates in percent, others as logged (perplexity's best is its lowest); a run
+    without the metric is one line naming the metrics it has."""
+    dirs = [str(tmp_path / f"seed{seed}") for seed in (0, 1)]
+    make_run(dirs[0], 0.5, 0, 0.5, 0.5, 300.0, extra={"win_rate": (0.30, 0.50, 0.60), "perplexity": (1.50, 1.20, 1.30)})
+    make_run(dirs[1], 0.5, 1, 0.5, 0.5, 300.0, extra={"win_rate": (0.30, 0.40, 0.70), "perplexity": (1.50, 1.10, 1.40)})
+    r = tables(*dirs, "--metric", "win_rate", "--no-plot", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    header, row = table_rows(r.stdout)
+    assert header[1:6] == ["n", "final win_rate %", "best win_rate %", "start win_rate %", "gain (pts)"]
+    assert row[1:6] == ["2", "65.0 ± 5.0", "65.0 ± 5.0", "30.0", "35.0 ± 5.0"]
+    r = tables(*dirs, "--metric", "perplexity", "--no-plot", "--csv", "p.csv", cwd=tmp_path)
+    header, row = table_rows(r.stdout)
+    assert header[2:6] == ["final perplexity", "best perplexity", "start perplexity", "gain"]
+    assert row[1:6] == ["2", "1.350 ± 0.050", "1.150 ± 0.050", "1.500", "-0.150 ± 0.050"]  # best: 1.20 and 1.10
+    with open(tmp_path / "p.csv") as f:
+        rec = next(csv.DictReader(f))
+    assert rec["metric"] == "perplexity" and rec["unit"] == "as logged" and float(rec["best"]) == pytest.approx(1.15)
+    r = tables(*dirs, "--metric", "diversity", "--no-plot", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1
+    assert "no eval metric 'diversity'" in r.stderr and "accuracy, perplexity, win_rate" in r.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="matplotlib not installed")

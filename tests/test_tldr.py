@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import searcher
-from conftest import ROOT, TINY, torchrun
+from conftest import ROOT, TINY, task_run
 from config import Config
 from eval import evaluate
 from policy import load_tokenizer
@@ -24,8 +24,10 @@ class FakeEngine:
 
     def __init__(self, responses):
         self.responses = list(responses)
+        self.temperatures = []
 
     def generate(self, prompts, n, temperature, max_new_tokens):
+        self.temperatures.append(temperature)
         return [[(self.responses.pop(0), np.zeros(0, dtype=np.float32))] for _ in prompts]
 
 
@@ -112,7 +114,9 @@ def test_win_rate_and_perplexity(cfg, records):
                  enc(" 3 + 4 = 7."),  # unfinished
                  enc(" Tom Tom Tom.") + [tok.eos_token_id],
                  enc(rs[4]["answer"].replace(".", " and more.")) + [tok.eos_token_id]]
-    rows, totals = ev.evaluate(FakeEngine(responses), tok, rs, 24)
+    engine = FakeEngine(responses)
+    rows, totals = ev.evaluate(engine, tok, rs, 24)
+    assert engine.temperatures == [0.0]  # greedy by default (the Config default eval_temperature)
     assert [r["summary"] for r in rows] == [tok.decode(x, skip_special_tokens=True) for x in responses]
     assert rows[0]["summary"] == rs[0]["answer"] and rows[0]["win"] is False
     assert rows[0]["judge_policy"] == pytest.approx(rows[0]["judge_reference"], abs=1e-5)
@@ -195,16 +199,12 @@ def test_seam_task_hook_builds_once_and_evaluate_paths(capsys):
 
 def test_tiny_config_end_to_end(tiny_task_models, tmp_path):
     """configs/tldr_tiny.yaml through torchrun (HF engine: starts faster than vLLM on a loaded CPU)."""
-    rows, summary = torchrun(["engine=hf", "steps=4", "initial_buffer=16"], tmp_path / "run", config="tldr_tiny.yaml")
-    assert summary["steps"] == 4 and [r["step"] for r in rows] == list(range(5))
+    rows, summary = task_run("tldr_tiny.yaml", tmp_path / "run", "engine=hf", reward=(-math.inf, math.inf))
     for r in (rows[0], rows[-1]):
         assert 0.0 <= r["eval/win_rate"] <= 1.0 and 1.0 <= r["eval/perplexity"] < 100 and "eval/accuracy" not in r
     for key in ("win_rate", "perplexity"):
         assert math.isfinite(summary["eval_start"][key]) and math.isfinite(summary["eval_end"][key])
     assert summary["eval_end"]["n"] == 16 and summary["eval_end"]["step"] == 4
-    searched = [r for r in rows if "search/reward_mean" in r]
-    assert searched and all(r["search/reward_errors"] == 0 and math.isfinite(r["search/reward_mean"]) for r in searched)
-    assert all(math.isfinite(r["train/reward_mean"]) and math.isfinite(r["train/loss"]) for r in rows[1:])
     assert rows[1]["train/beta"] == 1.0 and rows[3]["train/beta"] == 0.05  # beta cut at step 3 (tldr_tiny.yaml)
     evals = [json.loads(line) for line in open(tmp_path / "run" / "eval_step4.jsonl")]
     assert [e["id"] for e in evals] == list(range(16)) and all("summary" in e and "win" in e for e in evals)

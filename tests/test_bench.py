@@ -1,0 +1,34 @@
+"""bench.py kept working (a few steps, HF engine): it must produce its table and a consistent bench.json. It asserts
+no speed; the figures are measured with the full benchmark (README, performance section)."""
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from conftest import ROOT
+
+
+def test_bench_runs_both_modes_and_writes_bench_json(tiny_model, tmp_path):
+    out = tmp_path / "bench"
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--steps", "3", "--chunks", "2", "--out",
+                        str(out), "engine=hf", "n_test=8", "initial_buffer=16"], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    assert "faster than sync for the same steps" in r.stdout and "| training loop seconds" in r.stdout
+    res = json.load(open(out / "bench.json"))
+    a, s = res["async"], res["sync"]
+    assert a["steps"] == s["steps"] == 3 and res["engine"] == "hf"
+    assert res["speedup_sync_over_async"] == s["loop_seconds_mean"] / a["loop_seconds_mean"]
+    assert a["loop_seconds_all"] == [a["loop_seconds"]] and 0 < a["eval_seconds"] < a["wall_seconds"]
+    assert set(s["staleness_hist"]) == {"0"} and s["staleness_hist"]["0"] == 3 * 8 * 8  # sync: all on-policy, B x K
+    assert sum(a["staleness_hist"].values()) == 3 * 8 * 8 and s["fresh_samples_per_step"] == 8 * 8  # B x S
+    for mode in (a, s):
+        assert 0 < mode["trainer_busy_fraction"] <= 1 and mode["sync_seconds_max"] >= mode["sync_seconds_mean"] > 0
+        assert mode["train_seconds_per_step"] > 0 and mode["searcher_tokens_per_s_median"] > 0
+    assert res["standalone_tokens_per_s"] > 0 and a["trainer_cores"] > 0
+    if not torch.cuda.is_available():  # the CPU bound of the pipeline's throughput
+        assert 0 < res["cpu_bound_pipeline_vs_standalone"] <= 1 and a["trainer_cores"] < res["cpu_cores"] + 1
+    assert (out / "async" / "metrics.jsonl").exists() and (out / "sync" / "summary.json").exists()
