@@ -154,7 +154,8 @@ def run(cfg, comm, ctx):
             probes = comm.gather_object(None)[1:] if flags & C.WEIGHTS and cfg.check_sync else None
             t_eval = time.perf_counter()
             evals = comm.gather_object(None)[1:] if flags & C.EVAL else None
-            totals["eval_s"] += time.perf_counter() - t_eval if evals is not None else 0.0
+            if evals is not None:  # the trainer waits while the searchers evaluate
+                totals["eval_s"] += time.perf_counter() - t_eval
         except RuntimeError as e:
             raise interrupted(step, e) from None
         if probes is not None:
