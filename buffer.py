@@ -1,11 +1,15 @@
-"""The trainer's replay buffer (paper section 3.2; tba_spec.md section 3).
+"""The trainer's replay buffer (paper section 3.2; the reference code's bbartoldson/TBA src/buffer_utils.py).
 
-Per prompt: samples deduplicated by exact response tokens (the newest copy wins), at most `cap` kept, oldest evicted
-first. A batch is B prompts x K samples. Each prompt draw is, with probability m, "recent": a prompt that arrived in
-the latest sync, with K of its newest samples; otherwise a prompt from everything seen, with K samples drawn by
-softmax(inv_temp * reward) over that prompt's samples (inv_temp = 0: uniform).
+Per prompt: samples deduplicated by exact response tokens (the newest copy wins), at most `per_prompt_cap` kept,
+oldest evicted first. A batch is B prompts x K samples. Each prompt draw is, with probability m, "recent": a prompt
+that arrived in the latest sync, with K of its newest samples; otherwise a prompt from everything seen, with K of its
+samples drawn with the probabilities of `weights` (softmax(inv_temp * reward); inv_temp = 0: uniform).
+
+A new sampling rule for those draws goes in `weights`, switched by one new config field (config.py); a new rule for
+which prompt is drawn goes in `sample`.
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -21,10 +25,19 @@ class Sample:
     finished: bool  # the response ended with EOS (not cut at max_new_tokens)
 
 
+class Draw(NamedTuple):
+    """One prompt of a batch: K of its samples, and whether it was drawn from the latest sync (probability m)."""
+    prompt_id: int
+    samples: list
+    recent: bool
+
+
 class ReplayBuffer:
-    def __init__(self, cap, m, inv_temp, seed=0):
-        self.cap, self.m, self.inv_temp = cap, m, inv_temp
-        self.rng = np.random.default_rng(seed)
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.cap = cfg.per_prompt_cap
+        self.m = cfg.m if cfg.asynchronous else 1.0  # synchronous mode trains on exactly the latest sync's samples
+        self.rng = np.random.default_rng(cfg.seed)
         self.items = {}  # prompt id -> list[Sample], oldest first
         self.n_online = {}  # prompt id -> samples added in the latest sync that touched it
         self.recent = []  # prompt ids that arrived in the latest sync
@@ -71,23 +84,25 @@ class ReplayBuffer:
         replace = n_from < k
         return self.rng.choice(n_from, size=k, replace=replace, p=p)
 
+    def weights(self, samples):
+        """Probabilities of one prompt's samples for a draw that is not recent: softmax(inv_temp * reward) (paper
+        section 3.2: "Softmax of Score" for TL;DR, inv_temp = 1; uniform for GSM8K, inv_temp = 0)."""
+        rewards = np.array([s.reward for s in samples], dtype=np.float64)
+        logits = self.cfg.inv_temp * (rewards - rewards.max())
+        return np.exp(logits) / np.exp(logits).sum()
+
     def sample(self, B, K):
-        """B prompts x K samples: a list of (prompt_id, [Sample] * K, drawn_from_recent)."""
+        """B prompts x K samples: a list of B Draws."""
         batch = []
         for _ in range(B):
             if self.recent and self.rng.random() < self.m:
                 pid = self._draw_prompt(self._recent_left, self.recent)
                 newest = self.items[pid][-self.n_online[pid]:]
-                picks = [newest[i] for i in self._pick(len(newest), K)]
-                batch.append((pid, picks, True))
+                batch.append(Draw(pid, [newest[i] for i in self._pick(len(newest), K)], True))
             else:
                 pid = self._draw_prompt(self._all_left, list(self.items))
                 items = self.items[pid]
-                rewards = np.array([s.reward for s in items], dtype=np.float64)
-                logits = self.inv_temp * (rewards - rewards.max())
-                p = np.exp(logits) / np.exp(logits).sum()
-                picks = [items[i] for i in self._pick(len(items), K, p)]
-                batch.append((pid, picks, False))
+                batch.append(Draw(pid, [items[i] for i in self._pick(len(items), K, self.weights(items))], False))
         return batch
 
     def state_dict(self):

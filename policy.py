@@ -40,6 +40,11 @@ def encode_prompt(tok, text):
     return tok(text)["input_ids"]
 
 
+def trim_at_eos(ids, eos_id):
+    """Generated token ids up to and including the first EOS (all of them when there is none)."""
+    return ids[: ids.index(eos_id) + 1] if eos_id in ids else ids
+
+
 def token_logprobs(model, prompts, responses, temperature, chunk_tokens=2048):
     """Per-token log pi(y_t | x, y_<t) of each response, with logits / temperature.
 
@@ -74,7 +79,8 @@ def token_logprobs(model, prompts, responses, temperature, chunk_tokens=2048):
     parts = []
     for s in range(0, len(y), chunk_tokens):
         h_c, y_c = h[s : s + chunk_tokens], y[s : s + chunk_tokens]
-        parts.append(checkpoint(chunk_logp, h_c, y_c, use_reentrant=False) if torch.is_grad_enabled() else chunk_logp(h_c, y_c))
+        grad = torch.is_grad_enabled()
+        parts.append(checkpoint(chunk_logp, h_c, y_c, use_reentrant=False) if grad else chunk_logp(h_c, y_c))
     flat = torch.cat(parts) if parts else torch.zeros(0, device=device)
     L = max(len(r) for r in responses)
     logp = torch.zeros((len(responses), L), device=device)

@@ -1,6 +1,6 @@
 """Ranks 1..N-1: search. Walk this rank's shard of the training prompts; per prompt visit generate S samples, score
 them with the task's reward, and compute their behaviour and reference log-probs; hand them to the trainer at the
-next sync round. Between generation chunks, join a sync round if one was announced (comm.py).
+next sync round (sync.py). Between generation chunks, join a round if one was announced.
 """
 import os
 import signal
@@ -10,12 +10,13 @@ import time
 import numpy as np
 import torch
 
-import comm as C
 import checkpoint
+import sync
 from buffer import Sample
 from engine import make_engine
 from eval import evaluate
 from policy import encode_prompt, load_model, token_logprobs
+from rewards import warn_task_error
 
 
 def score(task, text, answer, stats):
@@ -25,10 +26,7 @@ def score(task, text, answer, stats):
         return float(task.reward(text, answer))
     except Exception as e:
         stats["reward_errors"] += 1  # cumulative over the run
-        if stats["reward_errors"] <= 3:
-            print(f"warning: the reward raised {type(e).__name__}: {e} on completion {text[:80]!r}; counted as 0"
-                  + (" (further ones are only counted: search/reward_errors)" if stats["reward_errors"] == 3 else ""),
-                  file=sys.stderr, flush=True)
+        warn_task_error("reward", e, f"completion {text[:80]!r}", "counted as 0 (search/reward_errors)")
         return 0.0
 
 
@@ -42,11 +40,7 @@ def score_batch(scorer, prompts, texts, records, finished, stats):
         return rewards
     except Exception as e:
         stats["reward_errors"] += len(texts)  # cumulative over the run
-        stats["scorer_failures"] = stats.get("scorer_failures", 0) + 1
-        if stats["scorer_failures"] <= 3:
-            print(f"warning: the task's scorer raised {type(e).__name__}: {e} on a batch of {len(texts)}; counted as 0"
-                  + (" (further ones are only counted: search/reward_errors)" if stats["scorer_failures"] == 3 else ""),
-                  file=sys.stderr, flush=True)
+        warn_task_error("task's scorer", e, f"a batch of {len(texts)}", "counted as 0 (search/reward_errors)")
         return [0.0] * len(texts)
 
 
@@ -64,114 +58,127 @@ def task_hook(task, hook, cfg, device):
     return _built[key]
 
 
-def search_chunk(cfg, engine, ref, tok, task, records, prompts, pids, version, stats):
+def search_chunk(cfg, engine, ref_model, tok, task, records, prompts, pids, version, stats):
     """One generation call: S samples for each prompt id, scored (the task's per-sample reward, or its batched
-    scorer), with behaviour and reference log-probs."""
+    scorer), with behaviour and reference log-probs. Adds to stats' tokens, gen_s and reward_errors."""
     t0 = time.perf_counter()
     outs = engine.generate([prompts[p] for p in pids], cfg.S, cfg.temperature, cfg.max_new_tokens)
     flat = [(pid, resp, lp) for pid, group in zip(pids, outs) for resp, lp in group]
-    ref_lp = []
+    logp_ref = []
     with torch.no_grad():
         for s in range(0, len(flat), 64):
             part = flat[s : s + 64]
-            lp, mask = token_logprobs(ref, [prompts[p] for p, _, _ in part], [r for _, r, _ in part], cfg.temperature)
-            ref_lp += [lp[i][mask[i]].float().cpu().numpy() for i in range(len(part))]
+            lp, mask = token_logprobs(ref_model, [prompts[p] for p, _, _ in part], [r for _, r, _ in part],
+                                      cfg.temperature)
+            logp_ref += [lp[i][mask[i]].float().cpu().numpy() for i in range(len(part))]
     texts = [tok.decode(resp, skip_special_tokens=True) for _, resp, _ in flat]
     finished = [bool(resp and resp[-1] == tok.eos_token_id) for _, resp, _ in flat]
-    scorer = task_hook(task, "make_scorer", cfg, next(ref.parameters()).device)
+    scorer = task_hook(task, "make_scorer", cfg, next(ref_model.parameters()).device)
     if scorer is None:
         rewards = [score(task, text, records[pid]["answer"], stats) for (pid, _, _), text in zip(flat, texts)]
     else:
         rewards = score_batch(scorer, [records[pid]["prompt"] for pid, _, _ in flat], texts,
                               [records[pid] for pid, _, _ in flat], finished, stats)
-    samples = []
-    for (pid, resp, lp), rlp, reward, fin in zip(flat, ref_lp, rewards, finished):
-        samples.append(Sample(pid, tuple(resp), reward, lp, rlp, version, fin))
-        stats["tokens"] += len(resp)
+    samples = [Sample(pid, tuple(resp), reward, logp_behav, lp_ref, version, fin)
+               for (pid, resp, logp_behav), lp_ref, reward, fin in zip(flat, logp_ref, rewards, finished)]
+    stats["tokens"] += sum(len(s.response) for s in samples)
     stats["gen_s"] += time.perf_counter() - t0
-    stats["samples"] += len(flat)
     return samples
+
+
+class Shard:
+    """This searcher's share of the training prompts (round-robin over ranks, as in the reference code), visited in a
+    random order that is reshuffled after each pass."""
+
+    def __init__(self, rank, n_searchers, n_prompts, seed):
+        self.n_searchers = n_searchers
+        self.ids = list(range(rank - 1, n_prompts, n_searchers))
+        self.rng = np.random.default_rng(seed)
+        self.order, self.pos = self.rng.permutation(self.ids).tolist(), 0
+
+    def take(self, n):
+        """The next n prompt ids."""
+        pids = []
+        for _ in range(n):
+            if self.pos == len(self.order):
+                self.order, self.pos = self.rng.permutation(self.ids).tolist(), 0
+            pids.append(self.order[self.pos])
+            self.pos += 1
+        return pids
+
+    def place(self, engine):
+        return sync.ShardPlace(self.n_searchers, list(self.order), self.pos, self.rng.bit_generator.state,
+                               torch.get_rng_state(), engine.get_rng_state())
+
+    def restore(self, place, engine):
+        """Continue where a checkpoint's round left this shard, with the same random streams."""
+        self.order, self.pos = list(place.order), place.pos
+        self.rng.bit_generator.state = place.rng
+        torch.set_rng_state(place.torch_rng)
+        engine.set_rng_state(place.engine_rng)
+
+
+def resume(path, rank, shard, engine, ref_model):
+    """A searcher's part of resume=auto: its shard place and TBA's reset reference, as the checkpoint has them."""
+    place = (checkpoint.load(path, "searchers.pth") or {}).get(rank)
+    if place is not None and place.n_searchers == shard.n_searchers:
+        shard.restore(place, engine)
+    else:
+        print(f"warning: rank {rank}: the checkpoint has no shard position for {shard.n_searchers} searchers; "
+              "starting the shard afresh", file=sys.stderr, flush=True)
+    ref_weights = checkpoint.load(path, "ref.pth")
+    if ref_weights is not None:
+        ref_model.load_state_dict(ref_weights)
 
 
 def run(cfg, comm, ctx):
     rank, n_searchers = comm.rank, comm.world - 1
     task, train, test, tok, device = ctx.task, ctx.train, ctx.test, ctx.tok, ctx.device
     prompts = [encode_prompt(tok, r["prompt"]) for r in train]
-    shard = list(range(rank - 1, len(train), n_searchers))  # round-robin shard, as in the reference code
     my_test = list(range(rank - 1, len(test), n_searchers))
     eval_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
     max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, eval_tokens) + 8
-    rng = np.random.default_rng(cfg.seed + rank)
 
     def leave(signum, frame):  # SIGTERM / SIGINT: the trainer saves a checkpoint; a searcher just leaves, quietly
         comm.leaving(signum)
         os._exit(128 + signum)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, leave)
-    ref = load_model(cfg.model, cfg.dtype, device).eval()  # reference pi_ref (frozen unless TBA' resets it)
+    ref_model = load_model(cfg.model, cfg.dtype, device).eval()  # pi_ref (frozen unless TBA' resets it)
     engine = make_engine(cfg, device, cfg.seed + rank, tok.pad_token_id, tok.eos_token_id, max_len)
     weights = ctx.make_transport(comm, None)
+    shard = Shard(rank, n_searchers, len(train), cfg.seed + rank)
+    if ctx.resume:
+        resume(ctx.resume, rank, shard, engine, ref_model)
 
-    order, pos, version = rng.permutation(shard).tolist(), 0, 0
-    if ctx.resume:  # continue this shard where the checkpoint's sync round left it, with the same random streams
-        saved = (checkpoint.load(ctx.resume, "searchers.pth") or {}).get(rank)
-        if saved and saved["n_searchers"] == n_searchers:
-            order, pos = saved["order"], saved["pos"]
-            rng.bit_generator.state = saved["rng"]
-            torch.set_rng_state(saved["torch_rng"])
-            engine.set_rng_state(saved["engine_rng"])
-        else:
-            print(f"warning: rank {rank}: the checkpoint has no shard position for {n_searchers} searchers; "
-                  "starting the shard afresh", file=sys.stderr, flush=True)
-        ref_state = checkpoint.load(ctx.resume, "ref.pth")
-        if ref_state is not None:
-            ref.load_state_dict(ref_state)
-    pending = []  # trajectories generated since the last sync round
-    stats = dict(tokens=0, gen_s=0.0, samples=0, reward_errors=0, engine=engine.name)
+    def evaluate_my_share():  # step 5 of a round: this rank's share of the test set
+        rows, totals = evaluate(engine, tok, task, [test[i] for i in my_test], eval_tokens,
+                                task_hook(task, "make_evaluator", cfg, device))
+        return [{"id": i, **r} for i, r in zip(my_test, rows)], totals
+
+    pending, version = [], 0  # trajectories generated since the last round; the weights' trainer step
+    stats = dict(tokens=0, gen_s=0.0, reward_errors=0)
     # prompt visits per round before this searcher waits for the next round: in synchronous mode exactly its share of
     # the batch; in async mode max_prompts_per_round (0 = no cap). It waits for the first round before generating in
     # synchronous mode and after a resume (that round brings the checkpoint's weights).
     limit = cfg.B // n_searchers if not cfg.asynchronous else (cfg.max_prompts_per_round or float("inf"))
     done_prompts = limit if not cfg.asynchronous or ctx.resume else 0
-
-    def next_prompts(n):
-        nonlocal pos, order
-        pids = []
-        for _ in range(n):
-            if pos == len(order):
-                order, pos = rng.permutation(shard).tolist(), 0
-            pids.append(order[pos])
-            pos += 1
-        return pids
-
     while True:
         # synchronous mode joins a round only with its whole share generated; async mode polls between chunks
-        ann = None if not cfg.asynchronous and done_prompts < limit else comm.poll(block=done_prompts >= limit)
-        if ann is None:
-            pids = next_prompts(int(min(cfg.chunk_prompts, limit - done_prompts)))
-            pending.extend(search_chunk(cfg, engine, ref, tok, task, train, prompts, pids, version, stats))
+        announced = None if not cfg.asynchronous and done_prompts < limit else comm.poll(block=done_prompts >= limit)
+        if announced is None:
+            pids = shard.take(int(min(cfg.chunk_prompts, limit - done_prompts)))
+            pending += search_chunk(cfg, engine, ref_model, tok, task, train, prompts, pids, version, stats)
             done_prompts += len(pids)
             continue
-        step, flags = ann
-        place = dict(n_searchers=n_searchers, order=order, pos=pos, rng=rng.bit_generator.state,
-                     torch_rng=torch.get_rng_state(), engine_rng=engine.get_rng_state())  # for checkpoints
-        comm.gather_object((pending, dict(stats), place))  # 1. trajectories to rank 0
+        step, flags = announced[0], sync.Flag(announced[1])
+        report = sync.Report(pending, stats["tokens"], stats["gen_s"], stats["reward_errors"], shard.place(engine))
+        sync.searcher_round(comm, weights, flags, report, engine, ref_model, prompts[0], evaluate_my_share)
         pending, done_prompts = [], 0
-        stats.update(tokens=0, gen_s=0.0, samples=0)
-        if flags & C.WEIGHTS:  # 2. weights from rank 0
-            named, done = weights.pull()
-            engine.load_weights(named)
-            if flags & C.REF:  # TBA': pi_ref <- pi every rho steps (the trainer decides when)
-                ref.load_state_dict(dict(named), strict=False)
-            done()
+        stats.update(tokens=0, gen_s=0.0)
+        if flags & sync.Flag.WEIGHTS:
             version = step
-            if cfg.check_sync:  # the trainer compares this with its own greedy completion
-                comm.gather_object(engine.generate([prompts[0]], 1, 0.0, C.PROBE_TOKENS)[0][0][0])
-        if flags & C.EVAL:  # 3. evaluation of this rank's share of the test set (greedy accuracy, or the task's)
-            rows, totals = evaluate(engine, tok, task, [test[i] for i in my_test], eval_tokens,
-                                    task_hook(task, "make_evaluator", cfg, device))
-            comm.gather_object(([{"id": i, **r} for i, r in zip(my_test, rows)], totals))
-        if flags & C.STOP:
+        if flags & sync.Flag.STOP:
             break
     if hasattr(engine, "shutdown"):
         engine.shutdown()

@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node=N train.py CONFIG [key=value ...]     (launch.sh builds this line)
     python train.py --prepare CONFIG [key=value ...]                 check config, data and model; print N
+    python train.py --help                                           every config key: type, default, range, doc
 """
 import os
 import subprocess
@@ -30,7 +31,7 @@ GPU_MODE = pin_gpu()
 import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
 
 import checkpoint  # noqa: E402
-from config import ConfigError, load_config  # noqa: E402
+from config import ConfigError, help_text, load_config, parse_cli  # noqa: E402
 from policy import ModelError, load_tokenizer  # noqa: E402
 from rewards import DataError, get_task  # noqa: E402
 
@@ -101,12 +102,13 @@ def prepare(cfg):
 
 def main():
     args = sys.argv[1:]
+    if "--help" in args or "-h" in args:
+        print(help_text(), end="")
+        return
     prep = "--prepare" in args
-    args = [a for a in args if a != "--prepare"]
-    path = args[0] if args and "=" not in args[0] else None
     rank = int(os.environ.get("RANK", 0))
     try:
-        cfg = load_config(path, args[1:] if path else args)
+        cfg = load_config(*parse_cli([a for a in args if a != "--prepare"]))
         if prep:
             return prepare(cfg)
         world = int(os.environ.get("WORLD_SIZE", 1))

@@ -1,7 +1,7 @@
-"""Rank 0: learn. Sample B prompts x K samples from the replay buffer, take one optimizer step on the TB loss, and every
-k steps run a sync round: trajectories in from every searcher, current weights out to every searcher.
-Synchronous mode (async=false) runs the same round every step with the train step inside it: gather the data the
-searchers generated with the current weights, train on exactly that, push the new weights.
+"""Rank 0: learn. Sample B prompts x K samples from the replay buffer, take one optimizer step on the loss, and every
+k steps run a sync round (sync.py): trajectories in from every searcher, current weights out to every searcher.
+Synchronous mode (async=false) runs a round every step with the train step inside it: gather the data the searchers
+generated with the current weights, train on exactly that, push the new weights.
 
 Failures: a non-finite loss or gradient skips the update; a dead or stuck searcher, SIGTERM, or max_bad_steps skips in
 a row end the run with one line and a resumable checkpoint (checkpoint.py; resume=auto continues from it).
@@ -18,11 +18,12 @@ import yaml
 from tqdm import tqdm
 
 import checkpoint
-import comm as C
+import sync
 from buffer import ReplayBuffer
 from config import config_to_dict
-from losses import LOSSES, beta_at, lr_at, vargrad_log_z
-from policy import encode_prompt, load_model, token_logprobs
+from losses import beta_at, get_loss, lr_at, masked
+from policy import encode_prompt, load_model, token_logprobs, trim_at_eos
+from sync import Flag
 
 
 class Logger:
@@ -40,6 +41,7 @@ class Logger:
             os.replace(path + ".tmp", path)
         self.tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=resume_step + 1 if resume_step else None)
         self.file = open(path, "a" if resume_step else "w")
+        self.last_step = resume_step  # the last step with a row
 
     def log(self, step, row):
         for k, v in row.items():
@@ -47,18 +49,79 @@ class Logger:
                 self.tb.add_scalar(k, v, step)
         self.file.write(json.dumps({"step": step, **row}) + "\n")
         self.file.flush()
+        self.last_step = step
 
     def close(self):
         self.tb.close()
         self.file.close()
 
 
-def padded(arrays, like):
-    """Per-token numpy arrays -> one zero-padded tensor shaped like `like` (N, L)."""
-    out = torch.zeros_like(like, dtype=torch.float32)
-    for i, a in enumerate(arrays):
-        out[i, : len(a)] = torch.from_numpy(a)
-    return out
+class Timers:
+    """Wall-clock and CPU seconds behind summary.json. They keep counting across a resume."""
+
+    def __init__(self):
+        self.train_s = self.sync_s = self.eval_s = 0.0  # in train steps / sync rounds (with evaluation) / evaluation
+        self.rounds = 0
+        self.t_start = time.perf_counter()  # the run's start (earlier by the checkpoint's elapsed seconds on resume)
+        self.loop_before = self.loop_cpu_before = 0.0  # training loop seconds (wall, CPU) before the resume
+        self.t_loop = self.c_loop = None  # when this process's training loop started (wall, CPU)
+
+    def start_loop(self):
+        self.t_loop, self.c_loop = time.perf_counter(), time.process_time()
+
+    def loop(self):
+        return self.loop_before + (time.perf_counter() - self.t_loop if self.t_loop is not None else 0.0)
+
+    def loop_cpu(self):  # this process's CPU seconds in the loop, all its threads
+        return self.loop_cpu_before + (time.process_time() - self.c_loop if self.c_loop is not None else 0.0)
+
+    def elapsed(self):
+        return time.perf_counter() - self.t_start
+
+    def state_dict(self):
+        return dict(train_s=self.train_s, sync_s=self.sync_s, eval_s=self.eval_s, rounds=self.rounds,
+                    elapsed=self.elapsed(), loop=self.loop(), loop_cpu=self.loop_cpu())
+
+    def load_state_dict(self, d):
+        self.train_s, self.sync_s, self.eval_s, self.rounds = d["train_s"], d["sync_s"], d["eval_s"], d["rounds"]
+        self.t_start = time.perf_counter() - d["elapsed"]
+        self.loop_before, self.loop_cpu_before = d["loop"], d["loop_cpu"]
+
+    def summary(self):
+        loop = self.loop()
+        return {"wall_seconds": self.elapsed(), "loop_seconds": loop, "loop_cpu_seconds": self.loop_cpu(),
+                "trainer_busy_fraction": self.train_s / loop if loop else 0.0, "train_seconds_total": self.train_s,
+                "sync_rounds": self.rounds, "sync_seconds_total": self.sync_s, "eval_seconds_total": self.eval_s}
+
+
+class TrainerState:
+    """Everything a checkpoint restores besides the weights (saved in HF format): save and resume both go through
+    state_dict / load_state_dict."""
+
+    def __init__(self, cfg, model, opt):
+        self.model, self.opt = model, opt
+        self.buffer = ReplayBuffer(cfg)
+        self.step = 0  # the last step whose update (or skip) is complete
+        self.places = {}  # searcher rank -> its sync.ShardPlace at the last round
+        self.ref_version, self.ref_weights = 0, None  # TBA': step of the last reference reset, and those weights
+        self.eval_start, self.last_eval = {}, {}  # metrics of the start-of-run and of the latest evaluation
+        self.skipped = self.bad_in_a_row = 0  # updates skipped for a non-finite loss or gradient: in all, in a row
+        self.timers = Timers()
+
+    def state_dict(self):
+        return dict(step=self.step, optimizer=self.opt.state_dict(), buffer=self.buffer.state_dict(),
+                    torch_rng=torch.get_rng_state(), places=self.places, ref_version=self.ref_version,
+                    ref_weights=self.ref_weights, eval_start=self.eval_start, last_eval=self.last_eval,
+                    skipped=self.skipped, bad_in_a_row=self.bad_in_a_row, timers=self.timers.state_dict())
+
+    def load_state_dict(self, state):
+        self.opt.load_state_dict(state["optimizer"])
+        self.buffer.load_state_dict(state["buffer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.timers.load_state_dict(state["timers"])
+        for key in ("step", "places", "ref_version", "ref_weights", "eval_start", "last_eval", "skipped",
+                    "bad_in_a_row"):
+            setattr(self, key, state[key])
 
 
 class Stop(Exception):
@@ -69,288 +132,283 @@ class Stop(Exception):
         self.code = code
 
 
-def run(cfg, comm, ctx):
-    out, ckpt_dir = cfg.out_dir, os.path.join(cfg.out_dir, "checkpoints")
-    os.makedirs(ckpt_dir, exist_ok=True)
-    with open(os.path.join(out, "config.yaml"), "w") as f:
-        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
-    torch.manual_seed(cfg.seed)
-    tok, train = ctx.tok, ctx.train
-    prompts = [encode_prompt(tok, r["prompt"]) for r in train]
-    model = load_model(ctx.resume or cfg.model, cfg.dtype, ctx.device)
-    model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
-    n_params = sum(p.numel() for p in model.parameters())
-    weights = ctx.make_transport(comm, model)
-    buffer = ReplayBuffer(cfg.per_prompt_cap, cfg.m if cfg.asynchronous else 1.0, cfg.inv_temp, seed=cfg.seed)
-    totals = dict(train_s=0.0, sync_s=0.0, eval_s=0.0, rounds=0, skipped=0, bad_in_a_row=0, elapsed=0.0, loop=0.0,
-                  loop_cpu=0.0)
-    last_eval, eval_start = {}, {}
-    searchers = {}  # rank -> its place in its prompt shard at the last sync round (for checkpoints)
-    ref = dict(version=0, state=None)  # TBA': step of the last reference reset, and those weights (for checkpoints)
-    start = 0
-    if ctx.resume:
-        state = checkpoint.load(ctx.resume, "trainer_state.pth")
-        start = state["step"]
-        opt.load_state_dict(state["optimizer"])
-        buffer.load_state_dict(state["buffer"])
-        torch.set_rng_state(state["torch_rng"])
-        totals.update(state["totals"])
-        for key in ("eval_s", "loop_cpu"):  # checkpoints written before these were counted
-            totals.setdefault(key, 0.0)
-        last_eval.update(state["last_eval"])
-        eval_start.update(state["eval_start"])
-        searchers.update(checkpoint.load(ctx.resume, "searchers.pth"))
-        ref.update(version=state["ref_version"], state=checkpoint.load(ctx.resume, "ref.pth"))
-        print(f"resumed from {ctx.resume} (step {start}, buffer {len(buffer)} samples)", flush=True)
-    log = Logger(out, start)
-    row = {}  # metrics of the step being run
-    stop = {}  # set by SIGTERM / SIGINT: finish the step, save, exit
+# ---------------------------------------------------------------- one train step
 
-    def on_signal(signum, frame):
-        stop["signal"] = signal.Signals(signum).name
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
 
-    def save(step, name=None):
-        """A resumable checkpoint of the state after `step` (searchers' places as of the last sync round)."""
-        state = dict(step=step, optimizer=opt.state_dict(), buffer=buffer.state_dict(), torch_rng=torch.get_rng_state(),
-                     totals=dict(totals, elapsed=time.perf_counter() - t_start, loop=time.perf_counter() - t_loop,
-                                 loop_cpu=time.process_time() - c_loop),
-                     last_eval=last_eval, eval_start=eval_start, ref_version=ref["version"])
-        path = os.path.join(ckpt_dir, name or f"step_{step}")
-        checkpoint.save(path, model, tok, state, searchers, ref["state"])
-        checkpoint.prune(ckpt_dir, cfg.keep_checkpoints)
-        return path
+def padded(arrays, like):
+    """Per-token numpy arrays -> one zero-padded float32 tensor shaped like `like` (N, L), on its device."""
+    out = torch.zeros_like(like, dtype=torch.float32)
+    for i, a in enumerate(arrays):
+        out[i, : len(a)] = torch.from_numpy(a)
+    return out
 
-    def announce(step, flags):
-        """Tell the searchers a sync round for `step` is coming: each joins it after its current generation chunk.
-        Returns the flags as sent."""
-        if flags & C.WEIGHTS and cfg.ref_reset_every and step - ref["version"] >= cfg.ref_reset_every:
-            flags |= C.REF  # TBA': the searchers' pi_ref becomes the weights pushed in this round
-        comm.announce(step, flags)
-        return flags
 
-    def sync_round(step, flags, between=None, announced=False):
-        """One collective round (announced now unless `announced`, then `flags` must be what announce() returned);
-        `between` runs after the gather and before the weight push (synchronous mode)."""
-        t0 = time.perf_counter()
-        try:
-            flags = flags if announced else announce(step, flags)
-            gathered = comm.gather_object(None)[1:]
-        except RuntimeError as e:  # gloo/NCCL: a searcher died, or the collective hit timeout_s
-            raise interrupted(step, e) from None
-        searchers.update({r + 1: place for r, (_, _, place) in enumerate(gathered)})
-        samples = [s for traj, _, _ in gathered for s in traj]
-        new = buffer.add(samples)
-        t_gather = time.perf_counter() - t0
-        if between is not None:
-            between()
-        t1 = time.perf_counter()
-        if flags & C.REF:  # keep the reference the searchers are about to adopt (for checkpoints)
-            ref.update(version=step, state={n: t.detach().to("cpu", copy=True) for n, t in model.state_dict().items()})
-        try:
-            push_s = weights.push() if flags & C.WEIGHTS else 0.0
-            probes = comm.gather_object(None)[1:] if flags & C.WEIGHTS and cfg.check_sync else None
-            t_eval = time.perf_counter()
-            evals = comm.gather_object(None)[1:] if flags & C.EVAL else None
-            if evals is not None:  # the trainer waits while the searchers evaluate
-                totals["eval_s"] += time.perf_counter() - t_eval
-        except RuntimeError as e:
-            raise interrupted(step, e) from None
-        if probes is not None:
-            mine = greedy_probe()
-            row["sync/probe_match"] = sum(p == mine for p in probes) / len(probes)
-            with open(os.path.join(out, "sync_probe.jsonl"), "a") as f:
-                f.write(json.dumps({"step": step, "trainer": mine, "searchers": probes}) + "\n")
-        if evals is not None:  # each searcher sends (rows, {metric: [sum, count]}) for its share (eval.evaluate)
-            results = sorted((r for rows, _ in evals for r in rows), key=lambda r: r["id"])
-            sums = {}
-            for _, part in evals:
-                for name, (s, n) in part.items():
-                    t = sums.setdefault(name, [0.0, 0])
-                    t[0], t[1] = t[0] + s, t[1] + n
-            metrics = {name: s / n if n else float("nan") for name, (s, n) in sums.items()}
-            last_eval.update(metrics, step=step, n=len(results))
-            row.update({f"eval/{name}": v for name, v in metrics.items()})
-            with open(os.path.join(out, f"eval_step{step}.jsonl"), "w") as f:
-                for r in results:
-                    f.write(json.dumps(r) + "\n")
-        sync_s = t_gather + time.perf_counter() - t1
-        totals["sync_s"] += sync_s
-        totals["rounds"] += 1
-        tokens = sum(st["tokens"] for _, st, _ in gathered)
-        gen_s = sum(st["gen_s"] for _, st, _ in gathered)
-        row.update({"sync/seconds": sync_s, "sync/push_seconds": push_s, "sync/samples": len(samples),
-                    "sync/new_samples": new, "search/tokens_per_s": tokens / gen_s if gen_s else 0.0,
-                    "search/reward_errors": sum(st["reward_errors"] for _, st, _ in gathered)})
-        if samples:
-            row["search/reward_mean"] = sum(s.reward for s in samples) / len(samples)
-        return samples
+def micro_batch(model, prompts, part, temperature, beta):
+    """The loss's input (losses.py documents the keys) for `part`, a list of (group id, Sample) of whole prompts."""
+    samples = [s for _, s in part]
+    logp, mask = token_logprobs(model, [prompts[s.prompt_id] for s in samples], [s.response for s in samples],
+                                temperature)
+    return dict(logp=logp.float(), mask=mask, logp_behav=padded([s.logp_behav for s in samples], logp),
+                logp_ref=padded([s.logp_ref for s in samples], logp), beta=beta,
+                reward=torch.tensor([s.reward for s in samples], device=logp.device),
+                group=torch.tensor([g for g, _ in part], device=logp.device))
 
-    def interrupted(step, e=None):
-        """Why the run must end now: a searcher died or got stuck (named), else the signal that came, else the
-        collective error `e` as is."""
+
+def train_step(cfg, state, prompts, loss_fn, step):
+    """One optimizer step on B x K samples from the buffer; the loss is the mean over all of them. A non-finite loss
+    or gradient skips the update (counted in state). Returns the step's metrics row."""
+    t0 = time.perf_counter()
+    model, opt = state.model, state.opt
+    beta = beta_at(step, cfg.beta_start, cfg.beta_end, cfg.beta_decay_steps, cfg.beta_cut_step)
+    lr = lr_at(step, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.stable_steps, cfg.decay_steps, cfg.steps)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    batch = state.buffer.sample(cfg.B, cfg.K)
+    flat = [(gid, s) for gid, draw in enumerate(batch) for s in draw.samples]  # group id: the draw, as paper Eq. 5
+    per_mb = max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K  # whole prompts per micro-batch
+    opt.zero_grad(set_to_none=True)
+    sums = {}  # the loss, its metrics and the mean sequence log-probs, each weighted by micro-batch size
+    for start in range(0, len(flat), per_mb):
+        part = flat[start : start + per_mb]
+        mb = micro_batch(model, prompts, part, cfg.temperature, beta)
+        loss, metrics = loss_fn(mb, cfg)
+        w = len(part) / len(flat)
+        (loss * w).backward()
+        seq = {k: masked(mb[k].detach(), mb["mask"]).sum(1).mean().item() for k in ("logp", "logp_ref", "logp_behav")}
+        for k, v in {"loss": loss.item(), **metrics, **seq}.items():
+            sums[k] = sums.get(k, 0.0) + v * w
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+    finite = math.isfinite(sums["loss"]) and bool(torch.isfinite(grad_norm))
+    if finite:
+        opt.step()
+    else:  # skip this update; max_bad_steps in a row stop the run (stop_reason)
+        opt.zero_grad(set_to_none=True)
+    state.skipped += not finite
+    state.bad_in_a_row = 0 if finite else state.bad_in_a_row + 1
+    state.step = step
+    if next(model.parameters()).is_cuda:
+        torch.cuda.synchronize()
+    train_s = time.perf_counter() - t0
+    state.timers.train_s += train_s
+    samples = [s for _, s in flat]
+    tokens = sum(len(prompts[s.prompt_id]) + len(s.response) for s in samples)
+    stale = [step - 1 - s.version for s in samples]  # updates between the sampling weights and these
+    row = {f"train/{k}": v for k, v in sums.items() if k not in ("logp_ref", "logp_behav")}
+    row.update({"train/skipped": int(not finite), "train/beta": beta, "train/lr": lr,
+                "train/grad_norm": float(grad_norm),
+                "train/reward_mean": sum(s.reward for s in samples) / len(samples),
+                "train/accuracy": sum(s.reward >= 1.0 for s in samples) / len(samples),
+                "train/kl_seq": sums["logp"] - sums["logp_ref"],
+                "train/logp_behav_minus_logp": sums["logp_behav"] - sums["logp"],
+                "train/response_len": sum(len(s.response) for s in samples) / len(samples),
+                "train/recent_fraction": sum(d.recent for d in batch) / len(batch),
+                "buffer/size": len(state.buffer), "buffer/prompts": len(state.buffer.items),
+                "staleness/mean": sum(stale) / len(stale), "staleness/max": max(stale),
+                "staleness/hist": [stale.count(i) for i in range(max(stale) + 1)],
+                "time/train_seconds": train_s, "perf/train_tokens_per_s": tokens / train_s})
+    if cfg.peak_tflops:  # forward + backward ~ 6 FLOPs per parameter per token (the log-prob recompute ignored)
+        n_params = sum(p.numel() for p in model.parameters())
+        row["perf/mfu"] = 6 * n_params * tokens / train_s / (cfg.peak_tflops * 1e12)
+    if next(model.parameters()).is_cuda:
+        row["perf/peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+    return row
+
+
+# ---------------------------------------------------------------- the trainer's side of a sync round (sync.py)
+
+
+def gather(comm, state, step, flags, announced=False):
+    """Round steps 0-1: the searchers' trajectories into the buffer, their shard places kept for checkpoints.
+    Returns the round's search metrics."""
+    got = sync.trainer_gather(comm, step, flags, announced)
+    samples = [s for report in got.reports for s in report.samples]
+    new = state.buffer.add(samples)
+    state.places.update({rank: report.place for rank, report in enumerate(got.reports, 1)})
+    state.timers.sync_s += got.seconds
+    tokens, gen_s = sum(r.tokens for r in got.reports), sum(r.gen_s for r in got.reports)
+    row = {"sync/seconds": got.seconds, "sync/samples": len(samples), "sync/new_samples": new,
+           "search/tokens_per_s": tokens / gen_s if gen_s else 0.0,
+           "search/reward_errors": sum(r.reward_errors for r in got.reports)}
+    if samples:
+        row["search/reward_mean"] = sum(s.reward for s in samples) / len(samples)
+    return row
+
+
+def push(cfg, comm, weights, state, tok, probe_prompt, step, flags, row):
+    """Round steps 3-5: the weights out (kept as TBA's reference with REF), the probe compared, the evaluation
+    merged and written to eval_stepN.jsonl. Returns `row` (the step's metrics so far, from gather() on) with the
+    round's: sync/seconds counts steps 0-1 and 3-5, not a train step between them."""
+    got = sync.trainer_push(comm, weights, flags)
+    state.timers.sync_s += got.seconds
+    state.timers.eval_s += got.eval_s
+    state.timers.rounds += 1
+    row = dict(row, **{"sync/push_seconds": got.push_s, "sync/seconds": row["sync/seconds"] + got.seconds})
+    if flags & Flag.REF:  # the searchers' pi_ref is now the pushed weights: keep them for checkpoints
+        state.ref_version = step
+        state.ref_weights = {n: t.detach().to("cpu", copy=True) for n, t in state.model.state_dict().items()}
+    if got.probes is not None:
+        mine = greedy_probe(state.model, tok, probe_prompt)
+        row["sync/probe_match"] = sum(p == mine for p in got.probes) / len(got.probes)
+        with open(os.path.join(cfg.out_dir, "sync_probe.jsonl"), "a") as f:
+            f.write(json.dumps({"step": step, "trainer": mine, "searchers": got.probes}) + "\n")
+    if got.evals is not None:
+        metrics, results = merge_evals(got.evals)
+        state.last_eval = dict(metrics, step=step, n=len(results))
+        row.update({f"eval/{name}": v for name, v in metrics.items()})
+        with open(os.path.join(cfg.out_dir, f"eval_step{step}.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in results)
+    return row
+
+
+def merge_evals(evals):
+    """Each searcher's (rows, {metric: [sum, count]}) for its share of the test set -> ({metric: sum / count over
+    all searchers}, all rows sorted by test id). A metric no searcher counted is NaN."""
+    results = sorted((r for rows, _ in evals for r in rows), key=lambda r: r["id"])
+    sums = {}
+    for _, part in evals:
+        for name, (s, n) in part.items():
+            total = sums.setdefault(name, [0.0, 0])
+            total[0], total[1] = total[0] + s, total[1] + n
+    return {name: s / n if n else float("nan") for name, (s, n) in sums.items()}, results
+
+
+@torch.no_grad()
+def greedy_probe(model, tok, prompt):
+    """The trainer's greedy completion of `prompt` (check_sync: every searcher's engine must give the same)."""
+    ids = torch.tensor([prompt], device=next(model.parameters()).device)
+    out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                         max_new_tokens=sync.PROBE_TOKENS, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return trim_at_eos(out[0, ids.shape[1]:].tolist(), tok.eos_token_id)
+
+
+# ---------------------------------------------------------------- why a run stops
+
+
+def stop_reason(cfg, comm, state, signalled, error=None, row=None):
+    """Why the run must end now, as a Stop with its exit code, or None to go on. After a failed collective or a
+    signal: a searcher that died or is stuck (named), else the signal (resumable), else the collective's error.
+    Otherwise: max_bad_steps updates in a row skipped for a non-finite loss or gradient."""
+    step = state.step
+    if error is not None or signalled:
         try:
             problems = comm.diagnose()
         except Exception:  # the rendezvous store itself is gone: nothing more to learn
             problems = []
         if problems:
             return Stop(f"error: at step {step}: {'; '.join(problems)}", 1)
-        if stop:
-            return Stop(f"stopped by {stop['signal']} at step {step}", 128 + signal.Signals[stop["signal"]])
-        detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        if signalled:
+            return Stop(f"stopped by {signalled[0]} at step {step}", 128 + signal.Signals[signalled[0]])
+        detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
         return Stop(f"error: the sync round at step {step} failed: {detail}", 1)
+    if state.bad_in_a_row >= cfg.max_bad_steps:
+        return Stop(f"error: {cfg.max_bad_steps} updates in a row had a non-finite loss or gradient "
+                    f"(last: step {step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped", 1)
+    return None
 
-    @torch.no_grad()
-    def greedy_probe():
-        """The trainer's greedy completion of the first training prompt (check_sync)."""
-        ids = torch.tensor([prompts[0]], device=ctx.device)
-        out_ids = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                 max_new_tokens=C.PROBE_TOKENS, pad_token_id=tok.pad_token_id,
-                                 eos_token_id=tok.eos_token_id)[0, ids.shape[1]:].tolist()
-        return out_ids[: out_ids.index(tok.eos_token_id) + 1] if tok.eos_token_id in out_ids else out_ids
 
-    def train_step(step):
-        """One optimizer step on B x K samples; the loss is the mean over all of them."""
-        t0 = time.perf_counter()
-        beta = beta_at(step, cfg.beta_start, cfg.beta_end, cfg.beta_decay_steps, cfg.beta_cut_step)
-        lr = lr_at(step, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.stable_steps, cfg.decay_steps, cfg.steps)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        batch = buffer.sample(cfg.B, cfg.K)
-        flat = [(gid, s) for gid, (_, picks, _) in enumerate(batch) for s in picks]
-        per_mb = max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K  # whole prompts per micro-batch
-        opt.zero_grad(set_to_none=True)
-        logs = dict(loss=0.0, log_z=0.0, logp=0.0, ref_logp=0.0, behav_logp=0.0)
-        for s in range(0, len(flat), per_mb):
-            part = [x for _, x in flat[s : s + per_mb]]
-            lp, mask = token_logprobs(model, [prompts[x.prompt_id] for x in part], [x.response for x in part],
-                                      cfg.temperature)
-            b = dict(logp=lp.float(), mask=mask, behav=padded([x.logp_behav for x in part], lp),
-                     ref=padded([x.logp_ref for x in part], lp), beta=beta, n_total=len(flat),
-                     reward=torch.tensor([x.reward for x in part], device=lp.device),
-                     group=torch.tensor([g for g, _ in flat[s : s + per_mb]], device=lp.device))
-            loss = LOSSES[cfg.loss](b, cfg)
-            w = len(part) / len(flat)
-            (loss * w).backward()
-            logp, ref = (b["logp"] * mask).sum(1).detach(), b["ref"].sum(1)
-            logs["loss"] += loss.item() * w
-            logs["log_z"] += vargrad_log_z(logp, ref, b["reward"], beta, b["group"]).mean().item() * w
-            logs["logp"] += logp.mean().item() * w
-            logs["ref_logp"] += ref.mean().item() * w
-            logs["behav_logp"] += b["behav"].sum(1).mean().item() * w
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
-        finite = math.isfinite(logs["loss"]) and bool(torch.isfinite(grad_norm))
-        if finite:
-            opt.step()
-        else:  # a non-finite loss or gradient: skip this update, count it, stop after max_bad_steps in a row
-            opt.zero_grad(set_to_none=True)
-            totals["skipped"] += 1
-        totals["bad_in_a_row"] = 0 if finite else totals["bad_in_a_row"] + 1
-        totals["done"] = step
-        row["train/skipped"] = int(not finite)
-        if ctx.device == "cuda":
-            torch.cuda.synchronize()
-        train_s = time.perf_counter() - t0
-        totals["train_s"] += train_s
-        samples = [x for _, x in flat]
-        tokens = sum(len(prompts[x.prompt_id]) + len(x.response) for x in samples)
-        row["perf/train_tokens_per_s"] = tokens / train_s
-        if cfg.peak_tflops:  # forward + backward ~ 6 FLOPs per parameter per token (+ the log-prob recompute ignored)
-            row["perf/mfu"] = 6 * n_params * tokens / train_s / (cfg.peak_tflops * 1e12)
-        if ctx.device == "cuda":
-            row["perf/peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
-        stale = [step - 1 - x.version for x in samples]
-        row.update({"train/loss": logs["loss"], "train/log_z": logs["log_z"], "train/beta": beta, "train/lr": lr,
-                    "train/grad_norm": float(grad_norm), "train/reward_mean": sum(x.reward for x in samples) / len(samples),
-                    "train/accuracy": sum(x.reward >= 1.0 for x in samples) / len(samples),
-                    "train/logp": logs["logp"], "train/kl_seq": logs["logp"] - logs["ref_logp"],
-                    "train/behav_minus_logp": logs["behav_logp"] - logs["logp"],
-                    "train/response_len": sum(len(x.response) for x in samples) / len(samples),
-                    "train/recent_fraction": sum(r for *_, r in batch) / len(batch),
-                    "buffer/size": len(buffer), "buffer/prompts": len(buffer.items),
-                    "staleness/mean": sum(stale) / len(stale), "staleness/max": max(stale),
-                    "staleness/hist": [stale.count(i) for i in range(max(stale) + 1)],
-                    "time/train_seconds": train_s})
+def catch_signals():
+    """SIGTERM / SIGINT set a flag (the list gets the signal's name): the loop finishes its step, saves and exits."""
+    signalled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: signalled.append(signal.Signals(signum).name))
+    return signalled
 
-    # ------------------------------------------------------------------ start (evaluate, or resume), fill the buffer
-    t_start, t_loop = time.perf_counter() - totals["elapsed"], None
-    step = totals["done"] = totals["logged"] = start  # done: the last step whose update (or skip) is complete
+
+def save(cfg, state, tok, name=None):
+    """A resumable checkpoint of the state after state.step (the searchers' places as of the last round)."""
+    path = os.path.join(cfg.out_dir, "checkpoints", name or f"step_{state.step}")
+    checkpoint.save(path, state.model, tok, state.state_dict())
+    checkpoint.prune(os.path.join(cfg.out_dir, "checkpoints"), cfg.keep_checkpoints)
+    return path
+
+
+def write_summary(cfg, state, row, resumed_from):
+    summary = {"steps": state.step, **state.timers.summary(), "skipped_updates": state.skipped,
+               "resumed_from": resumed_from, "eval_start": state.eval_start, "eval_end": state.last_eval,
+               "final": {k: v for k, v in row.items() if isinstance(v, (int, float))}}
+    tmp = os.path.join(cfg.out_dir, "summary.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=2)
+    os.replace(tmp, os.path.join(cfg.out_dir, "summary.json"))
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run(cfg, comm, ctx):
+    os.makedirs(os.path.join(cfg.out_dir, "checkpoints"), exist_ok=True)
+    with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+    torch.manual_seed(cfg.seed)
+    tok, prompts = ctx.tok, [encode_prompt(ctx.tok, r["prompt"]) for r in ctx.train]
+    model = load_model(ctx.resume or cfg.model, cfg.dtype, ctx.device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+    loss_fn = get_loss(cfg.loss)
+    weights = ctx.make_transport(comm, model)
+    state = TrainerState(cfg, model, opt)
+    if ctx.resume:
+        state.load_state_dict(checkpoint.load_state(ctx.resume))
+        print(f"resumed from {ctx.resume} (step {state.step}, buffer {len(state.buffer)} samples)", flush=True)
+    start = state.step
+    log = Logger(cfg.out_dir, start)
+    signalled = catch_signals()
+    row = {}  # the metrics of the step being run
     try:
-        if ctx.resume:
-            sync_round(start, C.WEIGHTS)  # the searchers wait for the checkpoint's weights before generating
-        else:
-            sync_round(0, C.EVAL)
-            eval_start.update(last_eval)
-            log.log(0, dict(row))
-            totals["eval_s"] = 0.0  # counts evaluation inside the training loop only
-        while cfg.asynchronous and len(buffer) < cfg.initial_buffer:
-            sync_round(start, 0)
-        t_loop = time.perf_counter() - totals["loop"]
-        c_loop = time.process_time() - totals["loop_cpu"]  # this process's CPU seconds, all threads
+        # start: the checkpoint's weights to the searchers (they wait for them), or the start-of-run evaluation
+        flags = sync.flags_for(cfg, start, state.ref_version) if ctx.resume else Flag.EVAL
+        row = push(cfg, comm, weights, state, tok, prompts[0], start, flags, gather(comm, state, start, flags))
+        if not ctx.resume:
+            state.eval_start = dict(state.last_eval)
+            log.log(0, row)
+            state.timers.eval_s = 0.0  # counts evaluation inside the training loop only
+        while cfg.asynchronous and len(state.buffer) < cfg.initial_buffer:  # rounds that only gather
+            gather(comm, state, start, Flag.NONE)
+        state.timers.start_loop()
         pbar = tqdm(range(start + 1, cfg.steps + 1), initial=start, total=cfg.steps, disable=not cfg.progress,
                     desc="train", dynamic_ncols=True)
         for step in pbar:
-            row.clear()
             t_step = time.perf_counter()
-            over_budget = cfg.time_budget_min and (time.perf_counter() - t_start) / 60 > cfg.time_budget_min
-            last = step == cfg.steps or bool(over_budget)
-            due_eval = last or (cfg.eval_every and step % cfg.eval_every == 0)
-            flags = C.WEIGHTS | (C.EVAL if due_eval else 0) | (C.STOP if last else 0)
-            if not cfg.asynchronous:
-                sync_round(step, flags, between=lambda: train_step(step))
-            elif step % cfg.k == 0 or due_eval:
-                # announce the round before this step trains, so the searchers finish their generation chunks while
-                # it runs and are waiting in the gather when it is done (the trainer never waits out a chunk)
-                try:
-                    flags = announce(step, flags)
-                except RuntimeError as e:
-                    raise interrupted(step - 1, e) from None
-                train_step(step)
-                sync_round(step, flags, announced=True)
+            last = step == cfg.steps or bool(cfg.time_budget_min and state.timers.elapsed() / 60 > cfg.time_budget_min)
+            evaluate = last or bool(cfg.eval_every and step % cfg.eval_every == 0)
+            flags = sync.flags_for(cfg, step, state.ref_version, evaluate=evaluate, stop=last)
+            if not cfg.asynchronous:  # exactly the data of the current weights, then the new weights out
+                row = gather(comm, state, step, flags)
+                row.update(train_step(cfg, state, prompts, loss_fn, step))
+                row = push(cfg, comm, weights, state, tok, prompts[0], step, flags, row)
+            elif step % cfg.k == 0 or evaluate:
+                # announced before this step trains, so the searchers finish their generation chunks meanwhile and
+                # wait in the gather when it is done (the trainer never waits out a chunk)
+                sync.announce(comm, step, flags)
+                row = train_step(cfg, state, prompts, loss_fn, step)
+                row.update(gather(comm, state, step, flags, announced=True))
+                row = push(cfg, comm, weights, state, tok, prompts[0], step, flags, row)
             else:
-                train_step(step)
+                row = train_step(cfg, state, prompts, loss_fn, step)
             step_s = time.perf_counter() - t_step
             row.update({"time/step_seconds": step_s, "time/wait_seconds": step_s - row["time/train_seconds"],
-                        "time/elapsed_seconds": time.perf_counter() - t_start})
-            log.log(step, dict(row))
-            totals["logged"] = step
+                        "time/elapsed_seconds": state.timers.elapsed()})
+            log.log(step, row)
             pbar.set_postfix(loss=f"{row['train/loss']:.3g}", reward=f"{row['train/reward_mean']:.2f}",
-                             acc=f"{last_eval.get('accuracy', float('nan')):.3f}")
-            if totals["bad_in_a_row"] >= cfg.max_bad_steps:
-                raise Stop(f"error: {cfg.max_bad_steps} updates in a row had a non-finite loss or gradient (last: step "
-                           f"{step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped", 1)
+                             acc=f"{state.last_eval.get('accuracy', float('nan')):.3f}")
+            stop = stop_reason(cfg, comm, state, signalled, row=row)
             if stop:
-                raise interrupted(step)
+                raise stop
             if cfg.save_every and step % cfg.save_every == 0 and not last:
-                save(step)
+                save(cfg, state, tok)
             if last:
                 break
-    except Stop as e:
-        done = totals["done"]
-        if done > totals["logged"]:  # the step trained but its sync round failed: its row still goes in the log
-            log.log(done, dict(row))
-        where = f"checkpoint {save(done)}" if t_loop is not None and done > start else "no new step to save"
+    except (Stop, sync.RoundFailed) as e:
+        stop = e if isinstance(e, Stop) else stop_reason(cfg, comm, state, signalled, error=e.error)
+        if state.step > log.last_step:  # the step trained but its round failed: its row still goes in the log
+            log.log(state.step, row)
+        where = f"checkpoint {save(cfg, state, tok)}" if state.step > start else "no new step to save"
         log.close()
-        print(f"{e}; {where}; continue with resume=auto", file=sys.stderr, flush=True)
-        sys.exit(e.code)
-    save(step, "final")
-    wall = time.perf_counter() - t_start
-    loop = time.perf_counter() - t_loop
-    summary = {"steps": step, "wall_seconds": wall, "loop_seconds": loop,
-               "loop_cpu_seconds": time.process_time() - c_loop,  # the trainer's CPU time in the loop, all its threads
-               "trainer_busy_fraction": totals["train_s"] / loop if loop else 0.0,
-               "train_seconds_total": totals["train_s"], "sync_rounds": totals["rounds"],
-               "sync_seconds_total": totals["sync_s"], "eval_seconds_total": totals["eval_s"],
-               "skipped_updates": totals["skipped"], "resumed_from": ctx.resume,
-               "eval_start": eval_start, "eval_end": dict(last_eval),
-               "final": {k: v for k, v in row.items() if isinstance(v, (int, float))}}
-    tmp = os.path.join(out, "summary.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2)
-    os.replace(tmp, os.path.join(out, "summary.json"))
+        print(f"{stop}; {where}; continue with resume=auto", file=sys.stderr, flush=True)
+        sys.exit(stop.code)
+    save(cfg, state, tok, "final")
+    write_summary(cfg, state, row, ctx.resume)
     log.close()
-    metrics = [k for k in last_eval if k not in ("step", "n")]
-    print(f"done: {step} steps in {wall:.0f}s; eval " + ", ".join(
-        f"{k} {eval_start.get(k, float('nan')):.3f} -> {last_eval[k]:.3f}" for k in metrics) + f"; out_dir {out}", flush=True)
+    metrics = [k for k in state.last_eval if k not in ("step", "n")]
+    print(f"done: {state.step} steps in {state.timers.elapsed():.0f}s; eval " + ", ".join(
+        f"{k} {state.eval_start.get(k, float('nan')):.3f} -> {state.last_eval[k]:.3f}" for k in metrics)
+        + f"; out_dir {cfg.out_dir}", flush=True)

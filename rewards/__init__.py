@@ -30,10 +30,23 @@ import importlib
 import importlib.util
 import json
 import os
+import sys
 
 
 class DataError(Exception):
     """Bad or missing data: printed as one line, exit code 2."""
+
+
+task_errors = {}  # what raised -> how many times, in this process
+
+
+def warn_task_error(what, error, detail, consequence):
+    """A task's code raised (its reward, scorer or evaluator): a warning the first 3 times per `what`, then only
+    counted, so a run never ends and never floods its log because of a task."""
+    n = task_errors[what] = task_errors.get(what, 0) + 1
+    if n <= 3:
+        print(f"warning: the {what} raised {type(error).__name__}: {error} on {detail}; {consequence}"
+              + (" (further ones are only counted)" if n == 3 else ""), file=sys.stderr, flush=True)
 
 
 def get_task(name):

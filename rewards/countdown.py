@@ -2,7 +2,8 @@
 
     "Using the numbers 3, 5, 2, make 16. ..."  ->  "... Answer: (3 + 5) * 2"
 
-The arithmetic game used for RL post-training by TinyZero and by tba-prime's COUNTDOWN.toml (tba_spec.md section 6).
+The arithmetic game used for RL post-training by TinyZero and by COUNTDOWN.toml in bbartoldson/tba-prime
+(the TBA' code of the paper's section 6).
 Source "procedural:<split>:<n>" gives the first n problems of split train, dev or test, generated from a fixed seed per
 split: 3 or 4 numbers from 1..99 combined in a random order by random operations whose results are positive integers,
 so every problem is solvable by construction (the record's "solution" is one way). As in arith.py, a problem belongs

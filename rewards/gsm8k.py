@@ -1,6 +1,6 @@
 """GSM8K (Cobbe et al. 2021): grade-school math word problems, reward = exact match of the final number.
 
-Prompt and reward follow the TBA reference code (tba_spec.md section 4): the prediction is the last number in the
+Prompt and reward follow the TBA reference code (bbartoldson/TBA): the prediction is the last number in the
 completion (commas removed), the gold answer is the number after '####', compared as floats.
 """
 import re

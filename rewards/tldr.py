@@ -1,4 +1,4 @@
-"""TL;DR preference fine-tuning (paper section 5, Table 3; tba_spec.md section 5.1): summarise a Reddit post.
+"""TL;DR preference fine-tuning (paper section 5, Table 3): summarise a Reddit post.
 
 Data: vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144 (the default; needs `datasets` and
 the hub). The prompt is the row's "query" as it is (it already ends in "TL;DR:" and is at most 512 tokens: the set is
@@ -9,10 +9,11 @@ posts that scripts/make_tiny_models.py writes for the tiny CPU run.
 Reward (searchers, `make_scorer`): the score of a Hugging Face sequence-classification reward model (config key
 `reward_model`; the paper's is the Pythia RM trained on the 6.9B judge's preferences) on prompt + completion + EOS,
 read at the EOS position as trl's `get_reward` does on the EOS-truncated response. A completion that did not end with
-EOS gets -1 instead of its score (trl's `non_eos_penalty` with penalty_reward_value -1, tba_spec.md section 5.1).
+EOS gets -1 instead of its score (trl's `non_eos_penalty` with penalty_reward_value -1, as in the TBA reference code).
 
-Evaluation (`make_evaluator`, tba_spec.md section 5.1 "Evaluation pipeline"): one summary per validation prompt,
-sampled at the config's `eval_temperature` (the paper's 0.01 in configs/tldr.yaml; 0 = greedy), then
+Evaluation (`make_evaluator`, after eval_tldr/ in bbartoldson/TBA, from mnoukhov/async_rlhf): one summary per
+validation prompt, sampled at the config's `eval_temperature` (the paper's 0.01 in configs/tldr.yaml; 0 = greedy),
+then
     win_rate    fraction of prompts where the judge (config key `judge_model`; the paper's gold judge is the 6.9B RM)
                 scores the policy's summary strictly above the human reference summary;
     perplexity  exp(mean token NLL) of the policy's summary (its generated tokens, EOS included when generated) under
@@ -30,7 +31,7 @@ from rewards import hf
 DATASET = "vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_1706381144"
 DEFAULT_TRAIN = DATASET
 DEFAULT_TEST = DATASET
-DEFAULT_REWARD_MODEL = "mnoukhov/pythia410m-rm-tldr6.9b"  # tba_spec.md 5.1: mnoukhov/pythia{size}-rm-tldr6.9b
+DEFAULT_REWARD_MODEL = "mnoukhov/pythia410m-rm-tldr6.9b"  # the reference code's mnoukhov/pythia{size}-rm-tldr6.9b
 DEFAULT_JUDGE = "cleanrl/EleutherAI_pythia-6.9b-deduped__reward__tldr"  # the gold judge
 NON_EOS_PENALTY = -1.0  # reward of a completion cut at max_new_tokens (trl penalty_reward_value)
 EVAL_BATCH = 64

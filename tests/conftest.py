@@ -14,6 +14,13 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 TINY = os.path.join(ROOT, ".cache", "tiny-arith", "sft")
 
 
+@pytest.fixture(autouse=True)
+def fresh_task_warnings():
+    """Each test counts the task-error warnings it causes from zero (rewards.warn_task_error)."""
+    import rewards
+    rewards.task_errors.clear()
+
+
 @pytest.fixture(scope="session")
 def tiny_model():
     """The tiny default's model (built once by scripts/make_tiny.py, cached under .cache/)."""

@@ -5,11 +5,11 @@ explicit loops, hand-derived gradients), never by calling the loss twice. Masked
 (logp = 1.0, as trl's INVALID_LOGPROB, or large values) and must get no gradient and no weight.
 """
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
 
+from config import Config
 from losses import (
     LOSSES,
     dr_grpo_loss,
@@ -21,7 +21,7 @@ from losses import (
     tba_prime_loss,
 )
 
-CFG = SimpleNamespace(clip_eps=0.2, is_cap=8.0, max_new_tokens=5, dpo_beta=0.1)
+CFG = Config(clip_eps=0.2, is_cap=8.0, max_new_tokens=5, dpo_beta=0.1)
 
 
 def batch(logp, mask, behav, ref, reward, group, beta):
@@ -29,24 +29,24 @@ def batch(logp, mask, behav, ref, reward, group, beta):
     return {
         "logp": torch.tensor(logp, dtype=torch.float64, requires_grad=True),
         "mask": mask_t,
-        "behav": torch.tensor(behav, dtype=torch.float64) * mask_t,
-        "ref": torch.tensor(ref, dtype=torch.float64) * mask_t,
+        "logp_behav": torch.tensor(behav, dtype=torch.float64) * mask_t,
+        "logp_ref": torch.tensor(ref, dtype=torch.float64) * mask_t,
         "reward": torch.tensor(reward, dtype=torch.float64),
         "group": torch.tensor(group),
         "beta": beta,
-        "n_total": len(reward),
     }
 
 
 def value_and_grad(fn, b, cfg=CFG):
     b["logp"].grad = None
-    loss = fn(b, cfg)
+    loss, metrics = fn(b, cfg)
+    assert all(isinstance(v, float) for v in metrics.values())
     loss.backward()
     return loss.item(), b["logp"].grad.clone()
 
 
 def lists(b):
-    return b["logp"].detach().tolist(), b["mask"].tolist(), b["behav"].tolist(), b["ref"].tolist()
+    return b["logp"].detach().tolist(), b["mask"].tolist(), b["logp_behav"].tolist(), b["logp_ref"].tolist()
 
 
 def groups_of(b):
@@ -112,6 +112,9 @@ def test_grpo_value_and_gradient_by_hand():
     v, g = value_and_grad(grpo_loss, b)
     assert v == pytest.approx(value, rel=1e-9)
     assert torch.allclose(g, grad, atol=1e-12)
+    _, metrics = grpo_loss(batch(**EX, beta=beta), CFG)  # 4 of the 7 response tokens take the clipped term
+    k3s = [math.exp(rf[i][t] - lp[i][t]) - (rf[i][t] - lp[i][t]) - 1 for i in range(n) for t in range(2) if mask[i][t]]
+    assert metrics["clip_fraction"] == pytest.approx(4 / 7) and metrics["kl_k3"] == pytest.approx(sum(k3s) / 7)
     # without the KL term the clipped tokens get exactly no gradient, the others do
     b0 = batch(**EX, beta=0.0)
     _, g0 = value_and_grad(grpo_loss, b0)
@@ -173,11 +176,13 @@ def test_dr_grpo_value_and_gradient_by_hand():
     assert torch.allclose(g, grad, atol=1e-12)
     # the truncated weight is a stop-gradient: the token above the cap still gets -cap * A / (T N)
     assert g[0, 0].item() == pytest.approx(-8.0 * 0.5 / 5 / 5)
+    _, metrics = dr_grpo_loss(batch(**EX3, beta=0.7), CFG)  # 1 of the 13 response tokens has its ratio above 8
+    weights = [min(math.exp(lp[i][t] - bh[i][t]), 8.0) for i in range(5) for t in range(3) if mask[i][t]]
+    assert metrics["is_capped_fraction"] == pytest.approx(1 / 13)
+    assert metrics["is_weight_mean"] == pytest.approx(sum(weights) / 13)
     # constant normaliser: the loss scales as 1 / max_tokens, not with the response length
-    v10, _ = value_and_grad(dr_grpo_loss, batch(**EX3, beta=0.7), SimpleNamespace(is_cap=8.0, max_new_tokens=10))
+    v10, _ = value_and_grad(dr_grpo_loss, batch(**EX3, beta=0.7), Config(is_cap=8.0, max_new_tokens=10))
     assert v10 == pytest.approx(value / 2, rel=1e-9)
-    v_mt, _ = value_and_grad(dr_grpo_loss, batch(**EX3, beta=0.7), SimpleNamespace(max_tokens=10, max_new_tokens=5))
-    assert v_mt == pytest.approx(value / 2, rel=1e-9)
 
 
 def test_tba_prime_value_and_gradient_by_hand():
@@ -209,12 +214,11 @@ def random_batch(seed, n_groups=3, k=4, length=6, beta=0.05, kl_spread=1.0):
     return {
         "logp": logp.double().requires_grad_(True),
         "mask": mask,
-        "behav": (behav * mask).double(),
-        "ref": (ref * mask).double(),
+        "logp_behav": (behav * mask).double(),
+        "logp_ref": (ref * mask).double(),
         "reward": reward.double(),
         "group": group,
         "beta": beta,
-        "n_total": n,
     }
 
 
@@ -236,7 +240,7 @@ def test_tba_prime_differs_from_dr_grpo_when_kl_varies_within_a_group():
     # a KL that is constant within each group cancels in the centred advantage
     b = random_batch(7, beta=0.05)
     b["mask"] = torch.ones_like(b["mask"])  # equal lengths
-    b["ref"] = b["logp"].detach() - 0.5  # KL_i = 0.5 * L for every sample
+    b["logp_ref"] = b["logp"].detach() - 0.5  # KL_i = 0.5 * L for every sample
     v1, g1 = value_and_grad(tba_prime_loss, b)
     v2, g2 = value_and_grad(dr_grpo_loss, b)
     assert v1 == pytest.approx(v2, rel=1e-9)
@@ -295,6 +299,7 @@ def test_online_dpo_picks_best_and_worst_per_group_by_hand():
     v, g = value_and_grad(online_dpo_loss, b)
     assert v == pytest.approx(value, rel=1e-9)
     assert torch.allclose(g, grad, atol=1e-12)
+    assert online_dpo_loss(b, CFG)[1] == {"pair_fraction": 2 / 3}  # prompt 1 is tied
     nonzero_rows = sorted(set(torch.nonzero(g)[:, 0].tolist()))
     assert nonzero_rows == [2, 4, 5, 7]
 
@@ -302,8 +307,8 @@ def test_online_dpo_picks_best_and_worst_per_group_by_hand():
 def test_online_dpo_no_pairs_returns_zero_with_graph():
     b = batch([[-1.0, -2.0], [-0.5, -0.1]], [[1, 1], [1, 0]], [[0, 0], [0, 0]], [[-1, -1], [-1, 0]],
               reward=[1.0, 1.0], group=[3, 3], beta=0.1)
-    loss = online_dpo_loss(b, CFG)
-    assert loss.item() == 0.0 and loss.requires_grad
+    loss, metrics = online_dpo_loss(b, CFG)
+    assert loss.item() == 0.0 and loss.requires_grad and metrics == {"pair_fraction": 0.0}
     loss.backward()
     assert b["logp"].grad.abs().max().item() == 0.0
 
@@ -324,9 +329,12 @@ def test_tb_batch_loss_by_hand_and_equals_tb_loss_on_sequence_sums():
     v, g = value_and_grad(tb_batch_loss, b)
     assert v == pytest.approx(value, rel=1e-9)
     assert torch.allclose(g, grad, atol=1e-12)
+    log_z = [-(sum(delta[j] for j in range(n) if EX3["group"][j] == EX3["group"][i]) / EX3["group"].count(EX3["group"][i]))
+             for i in range(n)]
+    assert tb_batch_loss(b, CFG)[1]["log_z"] == pytest.approx(sum(log_z) / n)
     # and it is literally tb_loss on the masked sequence sums
     seq = (b["logp"] * b["mask"]).sum(1)
-    ref_seq = (b["ref"] * b["mask"]).sum(1)
+    ref_seq = (b["logp_ref"] * b["mask"]).sum(1)
     direct = tb_loss(seq, ref_seq, b["reward"], beta, b["group"])
     assert v == pytest.approx(direct.item(), rel=1e-12)
 

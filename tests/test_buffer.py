@@ -2,7 +2,12 @@
 import numpy as np
 import pytest
 
-from buffer import ReplayBuffer, Sample
+from buffer import Draw, ReplayBuffer, Sample
+from config import Config
+
+
+def buf(cap, m, inv_temp, seed=0):
+    return ReplayBuffer(Config(per_prompt_cap=cap, m=m, inv_temp=inv_temp, seed=seed))
 
 
 def s(pid, resp, reward=0.0, version=0):
@@ -10,7 +15,7 @@ def s(pid, resp, reward=0.0, version=0):
 
 
 def test_dedup_newest_copy_wins():
-    b = ReplayBuffer(cap=10, m=0.5, inv_temp=0.0)
+    b = buf(cap=10, m=0.5, inv_temp=0.0)
     assert b.add([s(0, [1, 2], version=0), s(0, [1, 3], version=0)]) == 2
     assert b.add([s(0, [1, 2], version=5)]) == 0  # duplicate: not new
     assert len(b) == 2
@@ -19,7 +24,7 @@ def test_dedup_newest_copy_wins():
 
 
 def test_cap_evicts_oldest_first():
-    b = ReplayBuffer(cap=3, m=0.5, inv_temp=0.0)
+    b = buf(cap=3, m=0.5, inv_temp=0.0)
     b.add([s(0, [i]) for i in range(2)])
     b.add([s(0, [i]) for i in range(2, 5)])
     assert [x.response for x in b.items[0]] == [(2,), (3,), (4,)]
@@ -27,7 +32,7 @@ def test_cap_evicts_oldest_first():
 
 
 def test_recent_draws_come_from_latest_sync_with_rate_m():
-    b = ReplayBuffer(cap=100, m=0.8, inv_temp=0.0, seed=0)
+    b = buf(cap=100, m=0.8, inv_temp=0.0, seed=0)
     b.add([s(p, [p, i]) for p in range(20) for i in range(4)])  # old sync: prompts 0..19
     b.add([s(p, [p, i]) for p in range(20, 25) for i in range(4)])  # latest sync: prompts 20..24
     n, recent = 0, 0
@@ -43,7 +48,7 @@ def test_recent_draws_come_from_latest_sync_with_rate_m():
 
 
 def test_recent_draw_takes_the_newest_samples():
-    b = ReplayBuffer(cap=100, m=1.0, inv_temp=0.0, seed=0)
+    b = buf(cap=100, m=1.0, inv_temp=0.0, seed=0)
     b.add([s(0, [i], version=0) for i in range(10)])
     b.add([s(0, [100 + i], version=2) for i in range(3)])
     for _, picks, _ in b.sample(5, 3):
@@ -51,7 +56,7 @@ def test_recent_draw_takes_the_newest_samples():
 
 
 def test_m_zero_draws_over_all_prompts_and_reward_priority():
-    b = ReplayBuffer(cap=100, m=0.0, inv_temp=5.0, seed=0)
+    b = buf(cap=100, m=0.0, inv_temp=5.0, seed=0)
     b.add([s(0, [i], reward=float(i == 0)) for i in range(5)])
     counts = np.zeros(5)
     for _ in range(400):
@@ -66,7 +71,7 @@ def test_m_zero_draws_over_all_prompts_and_reward_priority():
 
 
 def test_uniform_when_inv_temp_zero():
-    b = ReplayBuffer(cap=100, m=0.0, inv_temp=0.0, seed=0)
+    b = buf(cap=100, m=0.0, inv_temp=0.0, seed=0)
     b.add([s(0, [i], reward=float(i == 0)) for i in range(4)])
     counts = np.zeros(4)
     for _ in range(2000):
@@ -76,7 +81,7 @@ def test_uniform_when_inv_temp_zero():
 
 
 def test_with_replacement_only_when_too_few():
-    b = ReplayBuffer(cap=100, m=0.0, inv_temp=0.0, seed=0)
+    b = buf(cap=100, m=0.0, inv_temp=0.0, seed=0)
     b.add([s(0, [1]), s(0, [2])])
     (_, picks, _), = b.sample(1, 4)
     assert len(picks) == 4
@@ -84,3 +89,18 @@ def test_with_replacement_only_when_too_few():
     for pid, picks, _ in b.sample(2, 6):
         if pid == 1:
             assert len({x.response for x in picks}) == 6
+
+
+def test_sample_returns_named_draws_and_sync_mode_draws_only_the_latest_sync():
+    b = ReplayBuffer(Config(m=0.0, asynchronous=False, seed=0))  # synchronous mode: m is 1 whatever the config says
+    b.add([s(0, [i], version=0) for i in range(4)])
+    b.add([s(1, [i], version=1) for i in range(4)])
+    for draw in b.sample(3, 4):
+        assert isinstance(draw, Draw) and draw.recent and draw.prompt_id == 1
+        assert [x.version for x in draw.samples] == [1] * 4
+
+
+def test_weights_is_the_softmax_of_reward():
+    b = buf(cap=100, m=0.0, inv_temp=2.0)
+    w = b.weights([s(0, [1], reward=1.0), s(0, [2], reward=0.0)])
+    assert w == pytest.approx([np.exp(2) / (np.exp(2) + 1), 1 / (np.exp(2) + 1)])

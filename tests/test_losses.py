@@ -1,4 +1,4 @@
-"""TB loss value and gradient against a hand computation; beta and lr at the paper's checkpoints (tba_spec.md 9)."""
+"""TB loss value and gradient against a hand computation; beta and lr at the paper's GSM8K and TL;DR schedules."""
 import math
 
 import pytest
@@ -20,7 +20,7 @@ def test_tb_loss_value_by_hand():
 
 
 def test_tb_loss_gradient_is_centred_residual():
-    # dL/dlogp_j = (2/N) (delta_j - mean_group delta): log Z is a stop-gradient (paper Eq. 5, tba_spec.md 1.1)
+    # dL/dlogp_j = (2/N) (delta_j - mean_group delta): log Z is a stop-gradient (paper Eq. 5)
     torch.manual_seed(0)
     logp = torch.randn(6, requires_grad=True)
     ref, r = torch.randn(6), torch.rand(6)

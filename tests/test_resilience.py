@@ -159,11 +159,16 @@ def test_only_non_finite_updates_stop_the_run_with_a_usable_checkpoint(tiny_mode
         assert torch.equal(p, q), name
 
 
+def state(step):
+    """The smallest trainer state checkpoint.save takes."""
+    return dict(step=step, places={}, ref_weights=None)
+
+
 def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tiny_model, tmp_path, monkeypatch):
     from policy import load_model, load_tokenizer
     model, tok = load_model(tiny_model, "float32", "cpu"), load_tokenizer(tiny_model)
     ckpts = tmp_path / "checkpoints"
-    checkpoint.save(str(ckpts / "step_1"), model, tok, {"step": 1}, {})
+    checkpoint.save(str(ckpts / "step_1"), model, tok, state(1))
     real_save = torch.save
 
     def crash_midway(obj, path, *a, **k):
@@ -174,20 +179,21 @@ def test_an_interrupted_save_leaves_the_previous_checkpoint_intact(tiny_model, t
     with torch.no_grad():
         next(model.parameters()).add_(1.0)
     with pytest.raises(KeyboardInterrupt):
-        checkpoint.save(str(ckpts / "step_2"), model, tok, {"step": 2}, {})
+        checkpoint.save(str(ckpts / "step_2"), model, tok, state(2))
     monkeypatch.setattr(torch, "save", real_save)
     assert sorted(os.listdir(ckpts)) == ["step_1", "step_2.tmp"]
     assert checkpoint.latest(str(ckpts)) == str(ckpts / "step_1")
     reloaded = load_model(str(ckpts / "step_1"), "float32", "cpu")
     assert torch.equal(next(reloaded.parameters()), next(load_model(tiny_model, "float32", "cpu").parameters()))
-    assert checkpoint.load(str(ckpts / "step_1"), "trainer_state.pth") == {"step": 1}
+    assert checkpoint.load_state(str(ckpts / "step_1")) == state(1)
 
 
 def test_a_killed_saver_never_leaves_a_half_checkpoint(tiny_model, tmp_path):
     """A process that saves checkpoints in a loop gets SIGKILL at an arbitrary moment: whatever latest() finds loads."""
     script = (f"import sys; sys.path.insert(0, {ROOT!r}); import checkpoint; from policy import load_model, "
               f"load_tokenizer; m = load_model({tiny_model!r}, 'float32', 'cpu'); t = load_tokenizer({tiny_model!r})\n"
-              f"for i in range(1, 10**6): checkpoint.save({str(tmp_path)!r} + f'/step_{{i}}', m, t, {{'step': i}}, {{}}); "
+              f"for i in range(1, 10**6): checkpoint.save({str(tmp_path)!r} + f'/step_{{i}}', m, t, "
+              f"dict(step=i, places={{}}, ref_weights=None)); "
               f"checkpoint.prune({str(tmp_path)!r}, 2); print(i, flush=True)")
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "1"

@@ -1,0 +1,138 @@
+"""One sync round, both sides, step by step (paper section 3: every k trainer steps, trajectories in, weights out).
+
+Every rank runs the round's collectives in the same order, or the job hangs, so the trainer's side (rank 0) and the
+searchers' side are written here next to each other, with the same numbered steps:
+
+  0. announce      rank 0 stores the round's (step, Flag) in torchrun's store (comm.announce); a searcher polls for it
+                   between generation chunks (comm.poll). In async mode the trainer announces one train step ahead,
+                   so the searchers finish their chunks while that step trains.
+  1. trajectories  each searcher's Report (samples since the last round, counters, its ShardPlace) -> rank 0
+  2. train         synchronous mode only: the trainer trains on exactly that data; the searchers wait in step 3
+  3. weights       (WEIGHTS) bucketed broadcast from rank 0 (transport.py) -> engine.load_weights; with REF the
+                   searchers' reference model becomes these weights too (TBA', paper section 6)
+  4. probe         (PROBE) each searcher's greedy completion of the first training prompt -> rank 0 (check_sync)
+  5. evaluation    (EVAL) each searcher's share of the test set -> rank 0 (eval.evaluate)
+After a round with STOP the searchers leave. The trainer's side is split in two (gather: 0-1, push: 3-5) so that
+synchronous mode can train between them; a collective that fails there raises RoundFailed.
+"""
+import enum
+import time
+from typing import NamedTuple
+
+PROBE_TOKENS = 16  # check_sync compares this many greedy tokens (long bf16 greedy runs diverge by rounding alone)
+
+
+class Flag(enum.IntFlag):
+    """What a round does besides step 1 (announced with it)."""
+    NONE = 0
+    WEIGHTS = 1  # 3: push the current weights
+    EVAL = 2  # 5: evaluate on the test set
+    STOP = 4  # the searchers leave after this round
+    REF = 8  # 3: the searchers' pi_ref becomes the pushed weights (TBA')
+    PROBE = 16  # 4: greedy probe of every searcher's engine (check_sync)
+
+
+class ShardPlace(NamedTuple):
+    """Where a searcher is in its prompt shard, with its random streams, as of a round: a checkpoint keeps one per
+    searcher, so a resumed run continues each shard where it was."""
+    n_searchers: int  # the shards are only valid for the same number of searchers
+    order: list  # this pass's order of the shard's prompt ids
+    pos: int  # the next index into order
+    rng: dict  # numpy bit generator state (the shuffles)
+    torch_rng: object  # torch CPU RNG state
+    engine_rng: object  # the engine's sampling RNG state (None: vLLM keeps its own)
+
+
+class Report(NamedTuple):
+    """What a searcher sends at step 1."""
+    samples: list  # buffer.Sample: the trajectories generated since the last round
+    tokens: int  # response tokens generated since the last round
+    gen_s: float  # seconds spent generating and scoring them
+    reward_errors: int  # rewards that raised, over the whole run
+    place: ShardPlace
+
+
+class Gathered(NamedTuple):
+    reports: list  # one Report per searcher, rank 1 first
+    seconds: float
+
+
+class Pushed(NamedTuple):
+    push_s: float  # step 3
+    probes: list  # step 4: each searcher's greedy token ids, or None
+    evals: list  # step 5: each searcher's (rows, {metric: [sum, count]}), or None
+    seconds: float  # steps 3-5
+    eval_s: float  # step 5 alone (the trainer waits while the searchers evaluate)
+
+
+class RoundFailed(Exception):
+    """A collective of the round failed: a searcher died, or it hit timeout_s."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error
+
+
+def flags_for(cfg, step, ref_version, weights=True, evaluate=False, stop=False):
+    """The flags of the round at trainer step `step`. The one place that decides TBA's reference reset: every
+    ref_reset_every steps the searchers' pi_ref becomes the policy pushed in that round (paper section 6, rho)."""
+    flags = Flag.NONE
+    if weights:
+        flags |= Flag.WEIGHTS | (Flag.PROBE if cfg.check_sync else Flag.NONE)
+        if cfg.ref_reset_every and step - ref_version >= cfg.ref_reset_every:
+            flags |= Flag.REF
+    return flags | (Flag.EVAL if evaluate else Flag.NONE) | (Flag.STOP if stop else Flag.NONE)
+
+
+def _collective(fn, *args):
+    try:
+        return fn(*args)
+    except RuntimeError as e:  # gloo / NCCL: a peer died, or timeout_s passed
+        raise RoundFailed(e) from None
+
+
+# ---------------------------------------------------------------- the trainer's side (rank 0)
+
+
+def announce(comm, step, flags):
+    """0. The round for trainer step `step` starts now (or, in async mode, after the step being trained)."""
+    _collective(comm.announce, step, int(flags))
+
+
+def trainer_gather(comm, step, flags, announced=False):
+    """0-1. Announce the round (unless done already) and gather every searcher's Report."""
+    t0 = time.perf_counter()
+    if not announced:
+        announce(comm, step, flags)
+    reports = _collective(comm.gather_object, None)[1:]  # 1
+    return Gathered(reports, time.perf_counter() - t0)
+
+
+def trainer_push(comm, weights, flags):
+    """3-5. Push the weights; gather the probes and the evaluation results the flags ask for."""
+    t0 = time.perf_counter()
+    push_s = _collective(weights.push) if flags & Flag.WEIGHTS else 0.0  # 3
+    probes = _collective(comm.gather_object, None)[1:] if flags & Flag.PROBE else None  # 4
+    t_eval = time.perf_counter()
+    evals = _collective(comm.gather_object, None)[1:] if flags & Flag.EVAL else None  # 5
+    t_end = time.perf_counter()
+    return Pushed(push_s, probes, evals, t_end - t0, t_end - t_eval)
+
+
+# ---------------------------------------------------------------- a searcher's side (ranks 1..N-1)
+
+
+def searcher_round(comm, weights, flags, report, engine, ref_model, probe_prompt, evaluate):
+    """1-5 for one announced round: send `report`, take the new weights into the engine (and the reference model
+    with REF), answer the probe, evaluate (`evaluate()` returns this searcher's (rows, totals))."""
+    comm.gather_object(report)  # 1
+    if flags & Flag.WEIGHTS:  # 3
+        named, done = weights.pull()
+        engine.load_weights(named)
+        if flags & Flag.REF:
+            ref_model.load_state_dict(dict(named), strict=False)
+        done()
+    if flags & Flag.PROBE:  # 4
+        comm.gather_object(engine.generate([probe_prompt], 1, 0.0, PROBE_TOKENS)[0][0][0])
+    if flags & Flag.EVAL:  # 5
+        comm.gather_object(evaluate())

@@ -1,0 +1,49 @@
+"""A searcher's pieces without processes: its prompt shard (and the place a checkpoint keeps), and rewards that raise."""
+import torch
+
+from searcher import Shard, score
+
+
+class NoRngEngine:
+    def __init__(self):
+        self.state = None
+
+    def get_rng_state(self):
+        return self.state
+
+    def set_rng_state(self, state):
+        self.state = state
+
+
+def test_shards_are_disjoint_and_each_pass_visits_every_prompt_once():
+    shards = [Shard(rank, 3, 20, seed=rank) for rank in (1, 2, 3)]
+    assert sorted(i for s in shards for i in s.ids) == list(range(20))
+    first = shards[0]
+    two_passes = first.take(2 * len(first.ids))
+    assert sorted(two_passes[: len(first.ids)]) == sorted(two_passes[len(first.ids):]) == first.ids
+
+
+def test_a_restored_place_continues_the_same_prompt_order():
+    engine = NoRngEngine()
+    a = Shard(2, 2, 30, seed=5)
+    a.take(19)  # part way into the second pass (15 prompts per shard)
+    place = a.place(engine)
+    assert place.n_searchers == 2 and place.pos == 19 - len(a.ids)
+    after = a.take(20)
+    b = Shard(2, 2, 30, seed=99)  # another seed: only the restored place can make it agree
+    torch.manual_seed(123)
+    b.restore(place, engine)
+    assert b.take(20) == after
+    assert torch.equal(torch.get_rng_state(), place.torch_rng)
+
+
+def test_a_raising_reward_counts_zero_with_a_warning(capsys):
+    class Task:
+        @staticmethod
+        def reward(text, answer):
+            raise ZeroDivisionError("boom")
+    stats = dict(reward_errors=0)
+    assert [score(Task, "weird text", "#### 1", stats) for _ in range(5)] == [0.0] * 5
+    assert stats["reward_errors"] == 5
+    err = capsys.readouterr().err
+    assert err.count("warning: the reward raised ZeroDivisionError: boom") == 3 and "only counted" in err

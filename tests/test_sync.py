@@ -1,0 +1,101 @@
+"""The sync round's protocol (sync.py) and the trainer's pure pieces around it, without processes: both sides of a
+round make the same collectives in the same order for every combination of flags, the reference reset is decided in
+one place, and evaluation shares merge into one set of metrics."""
+import itertools
+import math
+
+import pytest
+
+import sync
+from config import Config
+from sync import Flag
+from trainer import merge_evals
+
+
+class Recorder:
+    """Stands in for comm (gather_object, announce), the weight transport (push, pull) and an engine, and records
+    each collective a side makes."""
+
+    def __init__(self, rank):
+        self.rank, self.calls = rank, []
+
+    def announce(self, step, flags):
+        self.calls.append("announce")
+
+    def gather_object(self, obj):
+        # a searcher's gathers are named by what it sends: its report (str here), probe tokens (list), eval (tuple)
+        kind = {str: " report", list: " probe", tuple: " eval"}.get(type(obj), "")
+        self.calls.append("gather" + kind)
+        return [None, obj, obj] if self.rank == 0 else None
+
+    def push(self):
+        self.calls.append("weights")
+        return 0.0
+
+    def pull(self):
+        self.calls.append("weights")
+        return [("w", 1)], lambda: self.calls.append("weights done")
+
+    def load_weights(self, named):
+        pass
+
+    def generate(self, prompts, n, temperature, max_new_tokens):
+        return [[([1, 2], None)]]
+
+
+class RefModel:
+    def __init__(self):
+        self.loaded = None
+
+    def load_state_dict(self, state, strict=True):
+        self.loaded = state
+
+
+@pytest.mark.parametrize("bits", list(itertools.product([0, 1], repeat=4)))
+def test_both_sides_make_the_same_collectives_in_the_same_order(bits):
+    flags = Flag.NONE
+    for on, flag in zip(bits, (Flag.WEIGHTS, Flag.EVAL, Flag.PROBE, Flag.REF)):
+        flags |= flag if on else Flag.NONE
+    trainer = Recorder(0)
+    sync.trainer_gather(trainer, 7, flags)
+    sync.trainer_push(trainer, trainer, flags)
+    searcher, ref = Recorder(1), RefModel()
+    sync.searcher_round(searcher, searcher, flags, "report", searcher, ref, [1], lambda: ([], {}))
+    expected = ["gather report"] + ["weights"] * bool(flags & Flag.WEIGHTS) + ["gather probe"] * bool(flags & Flag.PROBE) \
+        + ["gather eval"] * bool(flags & Flag.EVAL)
+    assert [c for c in searcher.calls if c != "weights done"] == expected
+    assert trainer.calls == ["announce"] + [c.split()[0] for c in expected]
+    # the reference model takes the pushed weights only with REF and WEIGHTS, and the IPC release comes after loading
+    assert (ref.loaded is not None) == bool(flags & Flag.REF and flags & Flag.WEIGHTS)
+    if flags & Flag.WEIGHTS:
+        assert searcher.calls[searcher.calls.index("weights") + 1] == "weights done"
+
+
+def test_a_failed_collective_becomes_round_failed():
+    class Dead(Recorder):
+        def gather_object(self, obj):
+            raise RuntimeError("Connection closed by peer")
+    with pytest.raises(sync.RoundFailed) as e:
+        sync.trainer_gather(Dead(0), 3, Flag.WEIGHTS)
+    assert "Connection closed by peer" in str(e.value)
+
+
+def test_flags_decide_the_reference_reset_every_rho_steps():
+    cfg = Config(ref_reset_every=50)
+    assert sync.flags_for(cfg, 49, 0) == Flag.WEIGHTS
+    assert sync.flags_for(cfg, 50, 0) == Flag.WEIGHTS | Flag.REF
+    assert sync.flags_for(cfg, 60, 50) == Flag.WEIGHTS
+    assert sync.flags_for(cfg, 100, 50, evaluate=True, stop=True) == Flag.WEIGHTS | Flag.REF | Flag.EVAL | Flag.STOP
+    assert sync.flags_for(Config(), 10**6, 0) == Flag.WEIGHTS  # 0: the reference stays frozen
+    assert sync.flags_for(Config(check_sync=True), 2, 0) == Flag.WEIGHTS | Flag.PROBE
+    assert sync.flags_for(cfg, 50, 0, weights=False, evaluate=True) == Flag.EVAL  # no push, no reset
+
+
+def test_merge_evals_adds_sums_and_counts_over_searchers():
+    evals = [([{"id": 2, "correct": True}, {"id": 0, "correct": False}], {"accuracy": [1, 2], "win_rate": [0.5, 1]}),
+             ([{"id": 1, "correct": True}], {"accuracy": [1, 1], "perplexity": [0.0, 0]})]
+    metrics, rows = merge_evals(evals)
+    assert [r["id"] for r in rows] == [0, 1, 2]
+    assert metrics["accuracy"] == pytest.approx(2 / 3) and metrics["win_rate"] == 0.5
+    assert math.isnan(metrics["perplexity"])  # counted by nobody
+    assert merge_evals([]) == ({}, [])
