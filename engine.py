@@ -88,7 +88,7 @@ class VLLMEngine:
         from vllm import LLM
         kw = dict(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization) if device != "cpu" else {}
         self.llm = LLM(model=cfg.model, dtype=cfg.dtype, seed=seed, enforce_eager=device == "cpu",
-                       max_model_len=max_model_len, logprobs_mode="processed_logprobs", **kw)
+                       max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=False, **kw)
         self.eos_id = eos_id
 
     def generate(self, prompts, n, temperature, max_new_tokens):

@@ -4,9 +4,21 @@
     python train.py --prepare CONFIG [key=value ...]                 check config, data and model; print N
     python train.py --help                                           every config key: type, default, range, doc
 """
+import logging
 import os
 import subprocess
 import sys
+import warnings
+
+
+def quiet_known_warnings():
+    """Silence the start-up messages every rank would print that are known to be harmless: vLLM's import touching
+    torch's deprecated reduce_op (a FutureWarning), torch's note that Triton is absent (CPU), and the NUMA binding
+    note of vLLM's CPU backend (a C++ warning, so TORCH_CPP_LOG_LEVEL, read when torch loads; set it yourself, e.g.
+    to INFO, to see C++ warnings again)."""
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
+    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
 def pin_gpu():
@@ -26,6 +38,7 @@ def pin_gpu():
     return "own" if len(gpus) >= local_world else "shared"
 
 
+quiet_known_warnings()
 GPU_MODE = pin_gpu()
 
 import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
@@ -53,7 +66,8 @@ class Context:
             torch.cuda.set_device(0)  # pin_gpu made this rank's GPU the only visible one
         from transport import WeightTransport, pick_transport
         kind = pick_transport(cfg.weight_transport, self.device, GPU_MODE)
-        self.make_transport = lambda comm, model: WeightTransport(comm, kind, cfg.dtype, cfg.bucket_mb, self.device, model)
+        self.make_transport = lambda comm, model: WeightTransport(comm, kind, cfg.dtype, cfg.bucket_mb, self.device,
+                                                                  model)
 
 
 def find_resume(cfg):
@@ -113,7 +127,8 @@ def main():
             return prepare(cfg)
         world = int(os.environ.get("WORLD_SIZE", 1))
         if world != cfg.n_searchers + 1:
-            raise ConfigError(f"n_searchers={cfg.n_searchers} needs {cfg.n_searchers + 1} processes, torchrun started {world}")
+            raise ConfigError(f"n_searchers={cfg.n_searchers} needs {cfg.n_searchers + 1} processes, "
+                              f"torchrun started {world}")
         if rank > 0 and cfg.searcher_nice:
             lower_priority(cfg.searcher_nice)
         ctx = Context(cfg)
