@@ -84,6 +84,22 @@ class Comm:
         self.round += 1
         return int(step), int(flags)
 
+    # ------------------------------------------------------------ start-up in turns (all ranks on one GPU)
+    def wait_turn(self, rank=None):
+        """Wait until `rank` (default: the previous one) has built what it keeps on the GPU: the trainer its model,
+        optimizer and weight buffers, a searcher its engine. vLLM sizes its KV cache from the drop in the whole
+        device's free memory over its profiling window, so engines built at the same moment on one GPU break each
+        other. At most timeout_s: a rank that died before its turn ends cannot hang the others forever."""
+        rank = self.rank - 1 if rank is None else rank
+        try:
+            self.store.wait([f"built/{rank}"], self.timeout)
+        except RuntimeError as e:  # DistStoreError: the wait timed out, or the store is gone
+            raise RuntimeError(f"rank {self.rank}: rank {rank} did not finish building on the shared GPU within "
+                               f"timeout_s ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+    def end_turn(self):
+        self.store.set(f"built/{self.rank}", "1")
+
     # ------------------------------------------------------------ failures
     def diagnose(self):
         """Rank 0, after a collective failed or a signal came: the searchers that died, are stopped, or never joined

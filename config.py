@@ -79,11 +79,17 @@ class Config:
                                         "(0 = no cap; backpressure for shared CPUs)", ge=0)
     temperature: float = key(0.7, "sampling temperature; log-probs everywhere use logits / temperature "
                                   "(paper T = 0.7)", gt=0)
-    max_new_tokens: int = key(24, "response length cap (paper: 512)", ge=1)
+    max_new_tokens: int = key(24, "response length cap (paper: 512); lowered, with a warning, to what the model's "
+                                  "positions leave after the longest prompt", ge=1)
     hf_static_cache: bool = key(True, "HF engine on GPU: static KV cache (3.4x faster decode on an H200; "
                                       "compiles per shape)")
-    vllm_gpu_memory_utilization: float = key(0.2, "fraction of its GPU each vLLM engine may take (paper: 0.2)",
+    vllm_gpu_memory_utilization: float = key(0.2, "fraction of a GPU the vLLM engines on it take together: with a "
+                                                  "GPU per rank, its one engine's; with all ranks on one GPU, split "
+                                                  "evenly among the n_searchers engines (paper: 0.2, a GPU each)",
                                              gt=0, le=1)
+    vllm_kv_cache_memory_bytes: int = key(0, "GPU: KV cache bytes per vLLM engine, which then skips profiling the "
+                                             "GPU's free memory (0 = let vLLM size it from "
+                                             "vllm_gpu_memory_utilization)", ge=0)
     vllm_cpu_kv_cache_gb: int = key(1, "KV cache per vLLM engine on CPU, GiB", ge=1)
 
     section("replay buffer (buffer.py, rank 0)")
@@ -101,7 +107,8 @@ class Config:
     weight_transport: str = key("auto", "how weights reach the searchers (auto: nccl with a GPU per rank, ipc on a "
                                         "shared GPU, gloo on CPU)", choices=("auto", "gloo", "nccl", "ipc"))
     bucket_mb: int = key(256, "weights travel in flat buckets of at most this many MiB", ge=1)
-    timeout_s: int = key(1800, "a collective that takes longer ends the job", ge=1)
+    timeout_s: int = key(1800, "a collective that takes longer ends the job (all ranks on one GPU: the searchers' "
+                               "engines, built in turn, must all be built within it too)", ge=1)
 
     section("objective (losses.py)")
     loss: str = key("tb", "objective: tb (paper Eq. 5) | grpo | dr_grpo | rloo | online_dpo | tba_prime (losses.py), "

@@ -17,13 +17,43 @@ import torch
 from policy import load_model, token_logprobs, trim_at_eos
 
 
-def make_engine(cfg, device, seed, pad_id, eos_id, max_model_len):
+def make_engine(cfg, device, seed, pad_id, eos_id, max_model_len, rank=None, engines_per_gpu=1):
+    """rank: the searcher's (its own vLLM compile cache; None when alone, e.g. eval.py); engines_per_gpu: the vLLM
+    engines sharing this GPU (they split vllm_gpu_memory_utilization)."""
     name = cfg.engine
     if name == "auto":
         name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
     if name == "vllm":
-        return VLLMEngine(cfg, device, seed, eos_id, max_model_len)
+        return VLLMEngine(cfg, device, seed, eos_id, max_model_len, rank, engines_per_gpu)
     return HFEngine(cfg, device, seed, pad_id, eos_id)
+
+
+def vllm_env(cfg, device, rank, env=os.environ):
+    """The environment of an in-process vLLM engine, set before vLLM is imported (it reads these at use)."""
+    # forced, not a default: weight reload (load_weights) reaches the model through this process, which a user's
+    # VLLM_ENABLE_V1_MULTIPROCESSING=1 would move into a child process
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # else every weight reload logs several lines
+    if device == "cpu":  # enforce_eager: nothing is compiled, no compile cache
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_cpu_kv_cache_gb))
+    elif rank is not None:
+        # each in-process engine is rank 0 of its own vLLM world, so every searcher's torch.compile cache would be
+        # VLLM_CACHE_ROOT/torch_compile_cache/<hash>/rank_0_0, written without locks by searchers compiling at once
+        root = env.get("VLLM_CACHE_ROOT") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                                                          "vllm")
+        env["VLLM_CACHE_ROOT"] = os.path.join(root, f"searcher{rank}")
+
+
+def vllm_memory_args(cfg, device, engines_per_gpu):
+    """LLM(...) memory arguments on a GPU: vllm_gpu_memory_utilization is what the engines on one GPU take together,
+    so each gets its share (vLLM reads the fraction as one engine's part of the whole device's memory); a fixed KV
+    cache with vllm_kv_cache_memory_bytes (vLLM then skips its profiling of free memory)."""
+    if device == "cpu":  # the KV cache is VLLM_CPU_KVCACHE_SPACE (vllm_cpu_kv_cache_gb)
+        return {}
+    kw = dict(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization / engines_per_gpu)
+    if cfg.vllm_kv_cache_memory_bytes:
+        kw["kv_cache_memory_bytes"] = cfg.vllm_kv_cache_memory_bytes
+    return kw
 
 
 class HFEngine:
@@ -48,7 +78,8 @@ class HFEngine:
         torch.manual_seed(int(torch.randint(2**31, (1,), generator=self.gen)))
         out = self.model.generate(
             input_ids=ids.to(self.device), attention_mask=attn.to(self.device), do_sample=not greedy,
-            temperature=None if greedy else temperature, top_k=0, top_p=1.0, num_return_sequences=n,
+            temperature=None if greedy else temperature, top_p=1.0, num_return_sequences=n,
+            top_k=None if greedy else 0,  # greedy: a top_k is ignored, and transformers warns about it on stderr
             max_new_tokens=max_new_tokens, pad_token_id=self.pad_id, eos_token_id=self.eos_id,
             cache_implementation="static" if self.static else None)
         responses = []
@@ -78,15 +109,12 @@ class HFEngine:
 class VLLMEngine:
     name = "vllm"
 
-    def __init__(self, cfg, device, seed, eos_id, max_model_len):
+    def __init__(self, cfg, device, seed, eos_id, max_model_len, rank=None, engines_per_gpu=1):
         # In-process engine: our ranks never initialise torch.distributed's default group (comm.py), so vLLM builds
         # its own world of size 1 in this process and passes weights by reference (no serialisation).
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # else every weight reload logs several lines
-        if device == "cpu":
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_cpu_kv_cache_gb))
+        vllm_env(cfg, device, rank)
         from vllm import LLM
-        kw = dict(gpu_memory_utilization=cfg.vllm_gpu_memory_utilization) if device != "cpu" else {}
+        kw = vllm_memory_args(cfg, device, engines_per_gpu)
         self.llm = LLM(model=cfg.model, dtype=cfg.dtype, seed=seed, enforce_eager=device == "cpu",
                        max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=False, **kw)
         self.eos_id = eos_id

@@ -55,7 +55,7 @@ def main():
 
     from config import ConfigError, load_config
     from engine import make_engine
-    from policy import ModelError, load_tokenizer
+    from policy import ModelError, fit_new_tokens, load_tokenizer, longest_prompt, model_positions
     from rewards import DataError, get_task
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,13 +76,16 @@ def main():
         tok = load_tokenizer(args.model)
         cfg = load_config(None, [f"model={args.model}", f"engine={args.engine}", f"dtype={args.dtype}", *args.keys])
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        longest = max(len(encode_prompt(tok, r["prompt"])) for r in records)
-        engine = make_engine(cfg, device, 0, tok.pad_token_id, tok.eos_token_id, longest + args.max_new_tokens)
+        longest = longest_prompt(tok, [r["prompt"] for r in records])
+        max_new_tokens, max_len, warning = fit_new_tokens(model_positions(args.model), longest, args.max_new_tokens)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+        engine = make_engine(cfg, device, 0, tok.pad_token_id, tok.eos_token_id, max_len)
         evaluator = task.make_evaluator(cfg, device) if hasattr(task, "make_evaluator") else None
     except (ConfigError, DataError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    _, totals = evaluate(engine, tok, task, records, args.max_new_tokens, evaluator)
+    _, totals = evaluate(engine, tok, task, records, max_new_tokens, evaluator)
     for name, (s, n) in totals.items():
         if name == "accuracy":
             print(f"accuracy {100 * s / n:.1f}% ({int(s)}/{n})")

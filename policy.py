@@ -40,6 +40,35 @@ def encode_prompt(tok, text):
     return tok(text)["input_ids"]
 
 
+def longest_prompt(tok, texts):
+    """The longest of these prompts in tokens, encoded as encode_prompt does (one batched tokenizer call)."""
+    return max(len(ids) for ids in tok(list(texts))["input_ids"])
+
+
+def model_positions(path):
+    """The model's own position limit, max_position_embeddings of its config.json (None when it declares none)."""
+    from transformers import AutoConfig
+    try:
+        return getattr(AutoConfig.from_pretrained(path), "max_position_embeddings", None)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot load model config from '{path}': {str(e).splitlines()[0]}") from None
+
+
+def fit_new_tokens(positions, longest, new_tokens):
+    """How many tokens an engine may generate after prompts of up to `longest` tokens in a model of `positions`
+    positions (None = no limit): (new tokens, max_model_len for vLLM, a one-line warning or None). Asking for more
+    than the model's positions makes vLLM refuse to start (and HF generate run past its trained positions), so the
+    new tokens are capped to what fits; a prompt that leaves no room at all raises ModelError."""
+    if positions is None or longest + new_tokens <= positions:
+        return new_tokens, longest + new_tokens, None
+    if longest >= positions:
+        raise ModelError(f"the longest prompt has {longest} tokens: the model has {positions} positions, no room to "
+                         "generate (shorten the prompts or drop the longest with n_train / n_test)")
+    room = positions - longest
+    return room, positions, (f"warning: {new_tokens} new tokens after the longest prompt ({longest} tokens) exceed "
+                             f"the model's {positions} positions; generating at most {room}")
+
+
 def trim_at_eos(ids, eos_id):
     """Generated token ids up to and including the first EOS (all of them when there is none)."""
     return ids[: ids.index(eos_id) + 1] if eos_id in ids else ids

@@ -2,6 +2,7 @@
 them with the task's reward, and compute their behaviour and reference log-probs; hand them to the trainer at the
 next sync round (sync.py). Between generation chunks, join a round if one was announced.
 """
+import dataclasses
 import os
 import signal
 import sys
@@ -15,7 +16,7 @@ import sync
 from buffer import Sample
 from engine import make_engine
 from eval import evaluate
-from policy import encode_prompt, load_model, token_logprobs
+from policy import encode_prompt, fit_new_tokens, load_model, longest_prompt, model_positions, token_logprobs
 from rewards import warn_task_error
 
 
@@ -131,22 +132,51 @@ def resume(path, rank, shard, engine, ref_model):
         ref_model.load_state_dict(ref_weights)
 
 
+def fit_lengths(cfg, tok, prompts, test):
+    """cfg with max_new_tokens and eval_max_new_tokens lowered to what the model's positions leave after the longest
+    prompt the engine will see (the training prompts, the probe among them, and the test prompts: all of them, so
+    every searcher gets the same cap), the engine's max_model_len, and the warning line when it lowered them."""
+    longest = max(max(map(len, prompts)), longest_prompt(tok, [r["prompt"] for r in test]))
+    wanted = max(cfg.max_new_tokens, cfg.eval_max_new_tokens, sync.PROBE_TOKENS if cfg.check_sync else 0)
+    new, max_len, warning = fit_new_tokens(model_positions(cfg.model), longest, wanted)
+    cfg = dataclasses.replace(cfg, max_new_tokens=min(cfg.max_new_tokens, new),
+                              eval_max_new_tokens=min(cfg.eval_max_new_tokens, new))
+    return cfg, max_len, warning
+
+
+def build(cfg, comm, ctx, max_len):
+    """The frozen reference model and the engine. With every rank on one GPU they are built in turns (comm.wait_turn
+    says why), and this searcher goes on once every engine is built: its first generations would move the device's
+    free memory during a later engine's profiling."""
+    shared = ctx.gpu_mode == "shared"
+    if shared:
+        comm.wait_turn()
+    ref_model = load_model(cfg.model, cfg.dtype, ctx.device).eval()  # pi_ref (frozen unless TBA' resets it)
+    engine = make_engine(cfg, ctx.device, cfg.seed + comm.rank, ctx.tok.pad_token_id, ctx.tok.eos_token_id, max_len,
+                         rank=comm.rank, engines_per_gpu=comm.world - 1 if shared else 1)
+    if shared:
+        comm.end_turn()
+        comm.wait_turn(comm.world - 1)
+    return ref_model, engine
+
+
 def run(cfg, comm, ctx):
     rank, n_searchers = comm.rank, comm.world - 1
     task, train, test, tok, device = ctx.task, ctx.train, ctx.test, ctx.tok, ctx.device
     prompts = [encode_prompt(tok, r["prompt"]) for r in train]
     my_test = list(range(rank - 1, len(test), n_searchers))
+    cfg, max_len, warning = fit_lengths(cfg, tok, prompts, test)
+    if warning and rank == 1:  # the same on every searcher: one line
+        print(warning, file=sys.stderr, flush=True)
     eval_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
-    max_len = max(len(p) for p in prompts) + max(cfg.max_new_tokens, eval_tokens) + 8
 
     def leave(signum, frame):  # SIGTERM / SIGINT: the trainer saves a checkpoint; a searcher just leaves, quietly
         comm.leaving(signum)
         os._exit(128 + signum)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, leave)
-    ref_model = load_model(cfg.model, cfg.dtype, device).eval()  # pi_ref (frozen unless TBA' resets it)
-    engine = make_engine(cfg, device, cfg.seed + rank, tok.pad_token_id, tok.eos_token_id, max_len)
-    weights = ctx.make_transport(comm, None)
+    weights = ctx.make_transport(comm, None)  # first: the trainer starts the build turns after this collective
+    ref_model, engine = build(cfg, comm, ctx, max_len)
     shard = Shard(rank, n_searchers, len(train), cfg.seed + rank)
     if ctx.resume:
         resume(ctx.resume, rank, shard, engine, ref_model)
@@ -180,5 +210,6 @@ def run(cfg, comm, ctx):
             version = step
         if flags & sync.Flag.STOP:
             break
+    weights.close()
     if hasattr(engine, "shutdown"):
         engine.shutdown()

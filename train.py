@@ -10,6 +10,8 @@ import subprocess
 import sys
 import warnings
 
+from config import ConfigError, help_text, load_config, parse_cli  # no torch: it is imported after pin_gpu
+
 
 def quiet_known_warnings():
     """Silence the start-up messages every rank would print that are known to be harmless: vLLM's import touching
@@ -21,9 +23,9 @@ def quiet_known_warnings():
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 
-def pin_gpu():
-    """Before torch touches CUDA: one GPU per rank when there are enough ('own'), else all ranks on one ('shared')."""
-    local_rank, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+def visible_gpus():
+    """The GPUs this node's ranks may use, read before torch touches CUDA: CUDA_VISIBLE_DEVICES when set, else one
+    per GPU that nvidia-smi lists; [] on a CPU machine."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         try:
@@ -31,29 +33,71 @@ def pin_gpu():
             visible = ",".join(str(i) for i in range(out.count("GPU ")))
         except (OSError, subprocess.SubprocessError):
             visible = ""
-    gpus = [g for g in visible.split(",") if g.strip()]
-    if not gpus:
-        return "none"
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
-    return "own" if len(gpus) >= local_world else "shared"
+    return [g.strip() for g in visible.split(",") if g.strip()]
+
+
+def gpu_layout(n_gpus, local_world, local_rank):
+    """Where a rank runs, from the number of GPUs its node's ranks see (a pure function: tests feed it GPU counts).
+    Returns (mode, this rank's GPU index): ('none', None) without a GPU (weights by gloo), ('own', local_rank) with a
+    GPU per rank (weights by NCCL), ('shared', 0) with one GPU for every rank (weights by CUDA IPC). Any other count
+    is refused: NCCL refuses two ranks on one GPU and CUDA IPC works only within one GPU, so the trainer alone on a
+    GPU with the searchers sharing the others would need NCCL to one searcher per GPU and IPC on from it, a
+    transport this codebase does not have."""
+    if n_gpus == 0:
+        return "none", None
+    if n_gpus >= local_world:
+        return "own", local_rank
+    if n_gpus == 1:
+        return "shared", 0
+    raise ConfigError(f"{local_world} ranks on {n_gpus} GPUs: use {local_world} GPUs (one per rank, NCCL), or "
+                      f"CUDA_VISIBLE_DEVICES=<one gpu> (all ranks share it, CUDA IPC), or n_searchers={n_gpus - 1}")
+
+
+def pin_gpu(gpus, local_world, local_rank):
+    """Before torch touches CUDA: this rank's GPU becomes the only one it sees. A layout gpu_layout refuses pins
+    nothing: Context refuses it in one line once the config says that the run uses a GPU."""
+    try:
+        index = gpu_layout(len(gpus), local_world, local_rank)[1]
+    except ConfigError:
+        return
+    if index is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index]
 
 
 quiet_known_warnings()
-GPU_MODE = pin_gpu()
+LOCAL_RANK, LOCAL_WORLD = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+GPUS = visible_gpus()  # the node's GPUs, before pin_gpu narrows CUDA_VISIBLE_DEVICES (--prepare reads them)
+pin_gpu(GPUS, LOCAL_WORLD, LOCAL_RANK)
 
 import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
 
 import checkpoint  # noqa: E402
-from config import ConfigError, help_text, load_config, parse_cli  # noqa: E402
-from policy import ModelError, load_tokenizer  # noqa: E402
+from policy import ModelError, fit_new_tokens, load_tokenizer, longest_prompt, model_positions  # noqa: E402
 from rewards import DataError, get_task  # noqa: E402
 
 
-class Context:
-    """What both roles share: the task and its data, the tokenizer, the device, the weight transport, the checkpoint
-    to resume from."""
+def gpu_mode(device, local_world):
+    """'none' when the run uses no GPU, else this node's layout for `local_world` ranks ('own' | 'shared',
+    gpu_layout); a layout it refuses, or GPUs that cannot be listed, raise ConfigError."""
+    if device != "cuda":
+        return "none"
+    if not GPUS:
+        raise ConfigError("CUDA is available but no GPU is listed (no nvidia-smi?): set CUDA_VISIBLE_DEVICES, "
+                          "e.g. 0,1,2,3")
+    return gpu_layout(len(GPUS), local_world, 0)[0]
 
-    def __init__(self, cfg):
+
+class Context:
+    """What both roles share: the task and its data, the tokenizer, the device and its GPU layout, the weight
+    transport, the checkpoint to resume from. local_world / one_node: the ranks on this node, and whether that is
+    every rank (--prepare passes the whole job's, before torchrun starts)."""
+
+    def __init__(self, cfg, local_world=LOCAL_WORLD, one_node=None):
+        one_node = int(os.environ.get("WORLD_SIZE", 1)) == local_world if one_node is None else one_node
+        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
+        self.gpu_mode = gpu_mode(self.device, local_world)  # first: a refused layout stops before anything loads
+        from transport import WeightTransport, pick_transport
+        kind = pick_transport(cfg.weight_transport, self.device, self.gpu_mode, one_node)
         self.resume = find_resume(cfg)
         self.task = get_task(cfg.task)
         self.train = self.task.load(cfg.train_data or self.task.DEFAULT_TRAIN, "train")
@@ -61,11 +105,8 @@ class Context:
         self.train = self.train[: cfg.n_train] if cfg.n_train else self.train
         self.test = self.test[: cfg.n_test] if cfg.n_test else self.test
         self.tok = load_tokenizer(cfg.model)
-        self.device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
         if self.device == "cuda":
             torch.cuda.set_device(0)  # pin_gpu made this rank's GPU the only visible one
-        from transport import WeightTransport, pick_transport
-        kind = pick_transport(cfg.weight_transport, self.device, GPU_MODE)
         self.make_transport = lambda comm, model: WeightTransport(comm, kind, cfg.dtype, cfg.bucket_mb, self.device,
                                                                   model)
 
@@ -102,7 +143,8 @@ def lower_priority(nice):
 
 
 def prepare(cfg):
-    """Checks that need no process group, run by launch.sh before torchrun: one clear line on a bad input."""
+    """Checks that need no process group, run by launch.sh before torchrun: one clear line on a bad input. The GPU
+    layout is the whole job's: n_searchers + 1 ranks on this node unless NPROC_PER_NODE says otherwise."""
     if not os.path.exists(cfg.model) and cfg.model.startswith(".cache/tiny-"):
         subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "make_tiny.py"),
                         "--out", cfg.model], check=True, stdout=sys.stderr)
@@ -110,7 +152,10 @@ def prepare(cfg):
         path = getattr(cfg, key)
         if path.startswith((".", "/")) and not os.path.isdir(path):
             raise ModelError(f"{key} path not found: {path}")
-    Context(cfg)
+    local_world = int(os.environ.get("NPROC_PER_NODE") or cfg.n_searchers + 1)
+    ctx = Context(cfg, local_world, one_node=int(os.environ.get("NNODES", 1)) == 1)
+    texts = [r["prompt"] for r in ctx.train + ctx.test]
+    fit_new_tokens(model_positions(cfg.model), longest_prompt(ctx.tok, texts), 1)  # raises if a prompt leaves no room
     print(cfg.n_searchers + 1)
 
 

@@ -345,6 +345,8 @@ def run(cfg, comm, ctx):
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     loss_fn = get_loss(cfg.loss)
     weights = ctx.make_transport(comm, model)
+    if ctx.gpu_mode == "shared":  # model, optimizer and weight buffers exist: the searchers' build turns start
+        comm.end_turn()
     state = TrainerState(cfg, model, opt)
     if ctx.resume:
         state.load_state_dict(checkpoint.load_state(ctx.resume))
@@ -401,10 +403,12 @@ def run(cfg, comm, ctx):
         stop = e if isinstance(e, Stop) else stop_reason(cfg, comm, state, signalled, error=e.error)
         if state.step > log.last_step:  # the step trained but its round failed: its row still goes in the log
             log.log(state.step, row)
+        weights.close(failed=True)
         where = f"checkpoint {save(cfg, state, tok)}" if state.step > start else "no new step to save"
         log.close()
         print(f"{stop}; {where}; continue with resume=auto", file=sys.stderr, flush=True)
         sys.exit(stop.code)
+    weights.close()
     save(cfg, state, tok, "final")
     write_summary(cfg, state, row, ctx.resume)
     log.close()

@@ -4,23 +4,38 @@ Weights travel in the engine dtype as a few flat buckets (at most bucket_mb each
   gloo  CPU ranks: torch.distributed broadcast of each bucket over a private gloo group
   nccl  one GPU per rank: broadcast of each bucket over a private NCCL group
   ipc   ranks sharing one GPU (NCCL refuses that): the trainer's bucket memory is shared once through CUDA IPC handles;
-        each push is a device copy into the buckets, a barrier, the searchers copy out, and a second barrier
+        each push is a device copy into the buckets, a barrier, the searchers copy out (and synchronise), a second
+        barrier
 The receiver returns (name, tensor) pairs in Hugging Face checkpoint naming; the engine loads them.
 """
+import os
 import time
 
 import torch
 import torch.distributed as dist
 
+from config import ConfigError
 from policy import DTYPES
 
 
-def pick_transport(requested, device, gpu_mode):
-    if requested != "auto":
-        return requested
-    if device == "cpu":
-        return "gloo"
-    return "ipc" if gpu_mode == "shared" else "nccl"
+def pick_transport(requested, device, gpu_mode, one_node=True):
+    """The weight transport for this layout (gpu_mode from train.gpu_layout): auto is gloo on CPU, nccl with a GPU per
+    rank, ipc with one GPU for every rank. An explicit choice that cannot work there raises ConfigError."""
+    kind = requested
+    if requested == "auto":
+        kind = "gloo" if device == "cpu" else "ipc" if gpu_mode == "shared" else "nccl"
+    if kind in ("nccl", "ipc") and device == "cpu":
+        raise ConfigError(f"weight_transport={kind} needs GPUs and the device is cpu: use gloo or auto")
+    if kind == "nccl" and gpu_mode == "shared":
+        raise ConfigError("weight_transport=nccl: all ranks share one GPU and NCCL refuses two ranks on one GPU: "
+                          "use ipc or auto")
+    if kind == "ipc" and gpu_mode == "own":
+        raise ConfigError("weight_transport=ipc: CUDA IPC works within one GPU and every rank has its own: "
+                          "use nccl or auto")
+    if kind == "ipc" and not one_node:
+        raise ConfigError("weight_transport=ipc: CUDA IPC works within one GPU and the ranks span several nodes: "
+                          "give every rank its own GPU (nccl)")
+    return kind
 
 
 def plan_buckets(meta, bucket_bytes, elem_size):
@@ -36,6 +51,17 @@ def plan_buckets(meta, bucket_bytes, elem_size):
     if current:
         buckets.append(current)
     return buckets
+
+
+def new_nccl_group(comm):
+    """The NCCL group of the weight broadcasts, with comm's timeout (timeout_s). Its watchdog thread would end the
+    process on a failed or timed-out collective (TORCH_NCCL_ASYNC_ERROR_HANDLING's default, 3) before the trainer
+    could name the dead rank and save a checkpoint; 2 makes it abort the communicator only, and the failure is raised
+    in the thread that waits on the broadcast (push / pull), where sync.py turns it into RoundFailed."""
+    os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")  # read when the group is built
+    options = dist.ProcessGroupNCCL.Options()
+    options._timeout = comm.timeout  # the API torch's own new_group uses (distributed_c10d._new_process_group_helper)
+    return dist.ProcessGroupNCCL(dist.PrefixStore("weights", comm.store), comm.rank, comm.world, options)
 
 
 class WeightTransport:
@@ -54,7 +80,7 @@ class WeightTransport:
         else:
             self.flat = [torch.empty(sum(n for *_, n in b), dtype=self.dtype, device=device) for b in self.buckets]
             if kind == "nccl":
-                self.pg = dist.ProcessGroupNCCL(dist.PrefixStore("weights", comm.store), comm.rank, comm.world)
+                self.pg = new_nccl_group(comm)
             else:
                 self.pg = comm.new_gloo_group("weights")
         self.bytes = sum(f.numel() for f in self.flat) * elem
@@ -84,24 +110,40 @@ class WeightTransport:
             self.comm.barrier()  # buckets ready
             self.comm.barrier()  # every searcher has copied them out
         else:
-            for flat in self.flat:
-                self.pg.broadcast(flat, 0).wait()
-            if self.kind == "nccl":
-                torch.cuda.synchronize()
+            self._broadcast()
         return time.perf_counter() - t0
+
+    def _broadcast(self):
+        """Every bucket from rank 0 over self.pg. Each wait has the timeout (a wait with one blocks the CPU thread for
+        NCCL too) and a failure raises RuntimeError, for sync.py's RoundFailed."""
+        for flat in self.flat:
+            if not self.pg.broadcast(flat, 0).wait(self.comm.timeout):
+                raise RuntimeError(f"the weight broadcast ({self.kind}) did not finish within {self.comm.timeout}")
+        if self.kind == "nccl":
+            torch.cuda.synchronize()
 
     def pull(self):
         """Searchers: receive the weights; returns [(name, tensor)] (views into receive buffers, valid until the next
         pull) and a `done` callable to run once the engine has loaded them."""
         if self.kind == "ipc":
             self.comm.barrier()
-            done = self.comm.barrier
+            done = self._ipc_done
         else:
-            for flat in self.flat:
-                self.pg.broadcast(flat, 0).wait()
-            if self.kind == "nccl":
-                torch.cuda.synchronize()
+            self._broadcast()
             done = lambda: None
         named = [(name, flat[off : off + numel].view(shape))
                  for flat, bucket in zip(self.flat, self.buckets) for name, shape, off, numel in bucket]
         return named, done
+
+    def _ipc_done(self):
+        """The engine's copies out of the trainer's buckets are asynchronous device copies: they must be finished
+        before the second barrier lets the trainer write the buckets again."""
+        torch.cuda.synchronize()
+        self.comm.barrier()
+
+    def close(self, failed=False):
+        """At exit: shut the NCCL group down (abort it after a failure: its peers may be gone)."""
+        if self.kind == "nccl" and failed:
+            self.pg.abort()
+        elif self.kind == "nccl":
+            self.pg.shutdown()

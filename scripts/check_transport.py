@@ -40,7 +40,7 @@ comm = Comm(600)
 torch.manual_seed(comm.rank)  # every rank starts from different weights
 with torch.device(device):
     model = LlamaForCausalLM(LlamaConfig(**SHAPES[args.shape], tie_word_embeddings=False)).to(getattr(torch, dtype))
-kind = pick_transport(args.transport, device, train.GPU_MODE)
+kind = pick_transport(args.transport, device, train.gpu_mode(device, train.LOCAL_WORLD))
 wt = WeightTransport(comm, kind, dtype, args.bucket_mb, device, model if comm.rank == 0 else None)
 params = dict(model.named_parameters())
 times = []
@@ -73,3 +73,4 @@ if comm.rank == 0:
         with open(args.json, "w") as f:
             json.dump(res, f, indent=2)
 comm.barrier()
+wt.close()

@@ -1,0 +1,318 @@
+"""The GPU path (issue 13) on a CPU machine: GPU lists, engines, NCCL groups and CUDA calls are faked here, the
+decisions and the order of the calls are the real code's.
+
+Not reproducible on CPU, named here: that NCCL itself honours the group's timeout and raises in the waiting thread
+(no NCCL in a CPU build of torch); that vLLM on a GPU sizes its KV cache as intended when built in turns (no GPU);
+that a CUDA IPC view is read after the copies finish (no CUDA). The calls that make them so are tested below.
+"""
+import datetime
+import os
+import subprocess
+import sys
+import threading
+import time
+import types
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import engine
+import searcher
+import sync
+import train
+import transport
+from comm import Comm
+from config import Config, ConfigError
+from conftest import ROOT, TINY
+from policy import ModelError, fit_new_tokens, load_tokenizer
+
+TIMEOUT = datetime.timedelta(seconds=123)
+
+
+def fake_comm(rank, world, store=None, timeout=TIMEOUT, events=None, objects=()):
+    """A Comm with a real store and its real turn methods; barrier / gather_object / broadcast_object record into
+    `events` (broadcast_object answers with `objects` in order, or echoes rank 0's object)."""
+    comm = Comm.__new__(Comm)
+    comm.rank, comm.world, comm.store, comm.timeout = rank, world, store or dist.HashStore(), timeout
+    events = [] if events is None else events
+    answers = list(objects)
+    comm.barrier = lambda: events.append("barrier")
+    comm.gather_object = lambda obj: events.append("gather")
+    comm.broadcast_object = lambda obj=None: answers.pop(0) if answers else obj
+    return comm
+
+
+def prepare(*args, env=None):
+    return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--prepare",
+                           os.path.join(ROOT, "configs", "tiny.yaml"), *args], capture_output=True, text=True,
+                          cwd=ROOT, env=dict(os.environ, **(env or {})), timeout=300)
+
+
+# ---------------------------------------------------------------- 1. layouts
+
+
+def test_layout_is_a_gpu_per_rank_or_one_gpu_for_all():
+    assert [train.gpu_layout(4, 4, r) for r in range(4)] == [("own", r) for r in range(4)]
+    assert train.gpu_layout(8, 4, 3) == ("own", 3)  # more GPUs than ranks: the first ones
+    assert [train.gpu_layout(1, 4, r) for r in range(4)] == [("shared", 0)] * 4
+    assert train.gpu_layout(0, 4, 2) == ("none", None)  # CPU: unchanged
+
+
+def test_layout_refuses_more_than_one_gpu_but_fewer_than_ranks():
+    with pytest.raises(ConfigError) as e:
+        train.gpu_layout(3, 4, 1)
+    assert str(e.value) == ("4 ranks on 3 GPUs: use 4 GPUs (one per rank, NCCL), or CUDA_VISIBLE_DEVICES=<one gpu> "
+                            "(all ranks share it, CUDA IPC), or n_searchers=2")
+    with pytest.raises(ConfigError):
+        train.gpu_layout(2, 3, 0)  # before: rank 2 on GPU 0 with the trainer, CUDA IPC between GPUs
+
+
+def test_pin_gpu_pins_each_rank_to_its_gpu_and_nothing_in_a_refused_layout(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unchanged")
+    train.pin_gpu(["4", "5", "6"], 4, 3)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "unchanged"
+    train.pin_gpu(["4", "5", "6"], 3, 2)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "6"
+    train.pin_gpu(["4"], 3, 2)
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "4"
+
+
+def test_explicit_weight_transport_must_fit_the_layout():
+    pick = transport.pick_transport
+    assert [pick("auto", "cpu", "none"), pick("auto", "cuda", "own"), pick("auto", "cuda", "shared")] == \
+        ["gloo", "nccl", "ipc"]
+    assert pick("gloo", "cuda", "shared") == "gloo"
+    for args, message in [(("nccl", "cuda", "shared"), "weight_transport=nccl: all ranks share one GPU"),
+                          (("ipc", "cuda", "own"), "weight_transport=ipc: CUDA IPC works within one GPU and every"),
+                          (("auto", "cuda", "shared", False), "the ranks span several nodes"),
+                          (("ipc", "cpu", "none"), "weight_transport=ipc needs GPUs")]:
+        with pytest.raises(ConfigError, match=message):
+            pick(*args)
+
+
+@pytest.mark.parametrize("gpus, args, env, message", [
+    ("0,1,2", ["n_searchers=3"], {}, "error: 4 ranks on 3 GPUs: use 4 GPUs (one per rank, NCCL), or "
+     "CUDA_VISIBLE_DEVICES=<one gpu> (all ranks share it, CUDA IPC), or n_searchers=2"),
+    ("0,1,2", ["n_searchers=7"], {"NPROC_PER_NODE": "4", "NNODES": "2"}, "error: 4 ranks on 3 GPUs:"),
+    ("0", ["weight_transport=nccl"], {}, "error: weight_transport=nccl: all ranks share one GPU"),
+    ("0,1,2", ["weight_transport=ipc"], {}, "error: weight_transport=ipc: CUDA IPC works within one GPU"),
+])
+def test_prepare_refuses_a_layout_in_one_line_before_any_process_starts(tiny_model, gpus, args, env, message):
+    """The whole job's layout (n_searchers + 1 ranks, or NPROC_PER_NODE), decided by --prepare with the GPU list
+    faked; before: a CUDA error from torch.cuda.set_device, or a job whose IPC crossed GPUs."""
+    p = prepare("device=cuda", *args, env=dict(env, CUDA_VISIBLE_DEVICES=gpus))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and p.stderr.startswith(message), p.stderr[-3000:]
+
+
+# ---------------------------------------------------------------- 2. shared GPU: engines built in turns
+
+
+def test_shared_gpu_builds_engines_one_after_another(monkeypatch):
+    """Three searchers on the trainer's GPU start at once; each builds after the previous one, the first after the
+    trainer's key, and none goes on before the last engine is built. Real store, fake models and engines."""
+    spans, lock, t0 = {}, threading.Lock(), time.perf_counter()
+
+    def fake_engine(cfg, device, seed, pad_id, eos_id, max_len, rank=None, engines_per_gpu=1):
+        start = time.perf_counter() - t0
+        time.sleep(0.3)
+        with lock:
+            spans[rank] = (start, time.perf_counter() - t0, engines_per_gpu)
+        return types.SimpleNamespace(rank=rank)
+    monkeypatch.setattr(searcher, "make_engine", fake_engine)
+    monkeypatch.setattr(searcher, "load_model", lambda *a: torch.nn.Linear(1, 1))
+    store, cfg, returned = dist.HashStore(), Config(), {}
+    ctx = types.SimpleNamespace(gpu_mode="shared", device="cuda", tok=types.SimpleNamespace(pad_token_id=0,
+                                                                                            eos_token_id=1))
+
+    def searcher_rank(rank):
+        searcher.build(cfg, fake_comm(rank, 4, store, datetime.timedelta(seconds=30)), ctx, 64)
+        returned[rank] = time.perf_counter() - t0
+    threads = [threading.Thread(target=searcher_rank, args=(r,)) for r in (3, 1, 2)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    trainer_ready = time.perf_counter() - t0
+    fake_comm(0, 4, store).end_turn()  # trainer.run: model, optimizer and weight buffers exist
+    for t in threads:
+        t.join(30)
+    assert sorted(spans) == [1, 2, 3] and all(n == 3 for *_, n in spans.values())  # 3 engines share the GPU
+    assert spans[1][0] >= trainer_ready
+    assert spans[1][1] <= spans[2][0] and spans[2][1] <= spans[3][0]  # no two builds at once, in rank order
+    assert min(returned.values()) >= spans[3][1]  # nobody generates while an engine profiles
+
+
+def test_own_gpus_build_at_once_and_a_missing_turn_times_out(monkeypatch):
+    monkeypatch.setattr(searcher, "make_engine", lambda *a, **k: "engine")
+    monkeypatch.setattr(searcher, "load_model", lambda *a: torch.nn.Linear(1, 1))
+    tok = types.SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    comm = fake_comm(2, 3, timeout=datetime.timedelta(seconds=0.5))
+    assert searcher.build(Config(), comm, types.SimpleNamespace(gpu_mode="own", device="cuda", tok=tok), 64)[1] == \
+        "engine"  # a GPU each: no turns
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError, match="rank 2: rank 1 did not finish building on the shared GPU within"):
+        searcher.build(Config(), comm, types.SimpleNamespace(gpu_mode="shared", device="cuda", tok=tok), 64)
+    assert time.perf_counter() - t < 10  # rank 1 died before its key: timeout_s, not forever
+
+
+def test_kv_cache_memory_bytes_reaches_vllm_by_its_engine_args_name():
+    from vllm.engine.arg_utils import EngineArgs
+    kw = engine.vllm_memory_args(Config(vllm_kv_cache_memory_bytes=2**30), "cuda", 1)
+    assert kw["kv_cache_memory_bytes"] == 2**30 and set(kw) <= set(EngineArgs.__dataclass_fields__)
+    assert "kv_cache_memory_bytes" not in engine.vllm_memory_args(Config(), "cuda", 1)  # 0: vLLM profiles
+    assert engine.vllm_memory_args(Config(vllm_kv_cache_memory_bytes=2**30), "cpu", 1) == {}  # CPU unchanged
+
+
+# ---------------------------------------------------------------- 3. shared GPU: the memory fraction is split
+
+
+def test_engines_sharing_a_gpu_split_the_memory_fraction(monkeypatch, tmp_path):
+    assert engine.vllm_memory_args(Config(vllm_gpu_memory_utilization=0.6), "cuda", 3) == \
+        {"gpu_memory_utilization": pytest.approx(0.2)}
+    assert engine.vllm_memory_args(Config(vllm_gpu_memory_utilization=0.6), "cuda", 1) == \
+        {"gpu_memory_utilization": 0.6}
+    got = {}  # and what the engine hands to vLLM's LLM(...), with vLLM faked
+    fake_vllm = types.SimpleNamespace(LLM=lambda **kw: got.update(kw))
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm)
+    for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_LOGGING_LEVEL"):
+        monkeypatch.setenv(name, "restored after the test")
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path))
+    engine.VLLMEngine(Config(vllm_gpu_memory_utilization=0.5, vllm_kv_cache_memory_bytes=7), "cuda", 0, 2, 100,
+                      rank=1, engines_per_gpu=4)
+    assert got["gpu_memory_utilization"] == pytest.approx(0.125) and got["kv_cache_memory_bytes"] == 7
+    assert got["max_model_len"] == 100
+
+
+# ---------------------------------------------------------------- 4. NCCL: timeout, failures, shutdown
+
+
+class FakeNCCL:
+    """Stands in for dist.ProcessGroupNCCL (a CPU build of torch has none): records how it was built and used."""
+    built, waits, calls = [], [], []
+    outcome = True  # what each broadcast's wait returns, or an exception it raises
+
+    class Options:
+        def __init__(self):
+            self._timeout = None
+
+    def __init__(self, store, rank, size, options=None):
+        FakeNCCL.built.append((store, rank, size, options))
+
+    def broadcast(self, tensor, root):
+        return types.SimpleNamespace(wait=self.wait)
+
+    def wait(self, timeout=None):
+        FakeNCCL.waits.append(timeout)
+        if isinstance(FakeNCCL.outcome, Exception):
+            raise FakeNCCL.outcome
+        return FakeNCCL.outcome
+
+    def abort(self):
+        FakeNCCL.calls.append("abort")
+
+    def shutdown(self):
+        FakeNCCL.calls.append("shutdown")
+
+
+def test_nccl_group_has_the_timeout_and_a_failed_broadcast_fails_the_round(monkeypatch):
+    monkeypatch.setattr(dist, "ProcessGroupNCCL", FakeNCCL, raising=False)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", "x")
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING")  # unset, restored after the test
+    FakeNCCL.built, FakeNCCL.waits, FakeNCCL.calls, FakeNCCL.outcome = [], [], [], True
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 512))
+    weights = transport.WeightTransport(fake_comm(0, 3), "nccl", "float32", 1, "cpu", model)
+    (store, rank, size, options), = FakeNCCL.built
+    assert isinstance(store, dist.PrefixStore) and (rank, size) == (0, 3) and options._timeout == TIMEOUT
+    assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"  # failures raise here, not in NCCL's watchdog
+    weights.push()
+    assert len(FakeNCCL.waits) == len(weights.flat) >= 2 and set(FakeNCCL.waits) == {TIMEOUT}
+    for outcome in (dist.DistBackendError("NCCL communicator was aborted"), False):  # an error, a timed-out wait
+        FakeNCCL.outcome = outcome
+        with pytest.raises(sync.RoundFailed):
+            sync.trainer_push(None, weights, sync.Flag.WEIGHTS)
+    weights.close(failed=True)
+    weights.close()
+    assert FakeNCCL.calls == ["abort", "shutdown"]
+
+
+# ---------------------------------------------------------------- 5. IPC: copies finished before the release
+
+
+def test_ipc_searcher_synchronises_before_releasing_the_trainer(monkeypatch):
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("synchronize"))
+    meta = [("w", (4, 4)), ("b", (4,))]
+    comm = fake_comm(1, 2, events=events, objects=[meta, [(torch.zeros, (20,))]])  # the meta, then the IPC handles
+    weights = transport.WeightTransport(comm, "ipc", "float32", 1, "cuda")
+    loaded = types.SimpleNamespace(load_weights=lambda named: events.append("load"))
+    sync.searcher_round(comm, weights, sync.Flag.WEIGHTS, None, loaded, None, None, None)
+    assert events == ["gather", "barrier", "load", "synchronize", "barrier"]
+
+
+# ---------------------------------------------------------------- 6. lengths: every prompt, the model's positions
+
+
+def test_new_tokens_are_capped_to_the_model_positions():
+    new, max_len, warning = fit_new_tokens(256, 40, 512)
+    assert (new, max_len) == (216, 256) and warning.startswith("warning: ") and "\n" not in warning
+    assert fit_new_tokens(256, 40, 24) == (24, 64, None)
+    assert fit_new_tokens(None, 40, 512) == (512, 552, None)  # a config without max_position_embeddings
+    with pytest.raises(ModelError, match="the longest prompt has 256 tokens: the model has 256 positions"):
+        fit_new_tokens(256, 256, 1)
+
+
+def test_searcher_lengths_count_the_test_prompts_and_the_model(tiny_model):
+    """A test prompt longer than every training prompt: before, max_model_len counted the training prompts only and
+    vLLM raised in the middle of the evaluation."""
+    tok = load_tokenizer(tiny_model)
+    test = [{"prompt": "How many apples " * 30}]
+    longest = len(tok(test[0]["prompt"])["input_ids"])
+    assert 30 + 24 + 8 < longest < 200  # longer than what the old max_model_len left for a prompt
+    cfg, max_len, warning = searcher.fit_lengths(Config(model=tiny_model, max_new_tokens=24), tok, [[1] * 30], test)
+    assert (cfg.max_new_tokens, max_len, warning) == (24, longest + 24, None)
+    cfg, max_len, warning = searcher.fit_lengths(Config(model=tiny_model, max_new_tokens=24, eval_max_new_tokens=200),
+                                                 tok, [[1] * 30], test)
+    assert (cfg.max_new_tokens, cfg.eval_max_new_tokens, max_len) == (24, 256 - longest, 256) and warning
+
+
+def test_eval_caps_the_new_tokens_with_one_warning_line(tiny_model):
+    """512 new tokens (eval.py's default) on a 256-position model: before, vLLM's ModelConfig raised a pydantic
+    traceback (the HF engine here: the same cap, and no vLLM start-up on a busy CPU)."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), tiny_model, "--task", "arith", "--engine", "hf",
+                        "--n", "5"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert p.returncode == 0 and p.stdout.startswith("accuracy "), p.stderr[-3000:]
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith("warning: 512 new tokens after the longest prompt"), \
+        p.stderr
+
+
+def test_prepare_refuses_a_prompt_longer_than_the_model_in_one_line(tiny_model, tmp_path):
+    data = tmp_path / "long.jsonl"
+    data.write_text('{"question": "%s", "answer": "#### 1"}\n' % ("apples " * 400))
+    p = prepare(f"test_data={data}")
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr[-3000:]
+    assert p.stderr.startswith("error: the longest prompt has ") and "the model has 256 positions" in p.stderr
+
+
+# ---------------------------------------------------------------- 7. vLLM's environment
+
+
+def test_vllm_env_forces_the_in_process_engine(monkeypatch):
+    for name in ("VLLM_LOGGING_LEVEL", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.setenv(name, "restored after the test")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")  # a user's environment
+    engine.vllm_env(Config(), "cpu", None)
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+def test_each_searcher_gets_its_own_vllm_compile_cache():
+    env = {"VLLM_CACHE_ROOT": "/cache/vllm"}
+    engine.vllm_env(Config(), "cuda", 2, env)
+    assert env["VLLM_CACHE_ROOT"] == "/cache/vllm/searcher2"
+    env = {"XDG_CACHE_HOME": "/xdg"}
+    engine.vllm_env(Config(), "cuda", 1, env)
+    assert env["VLLM_CACHE_ROOT"] == "/xdg/vllm/searcher1"
+    for device, rank in (("cpu", 1), ("cuda", None)):  # CPU compiles nothing; eval.py runs alone
+        env = {}
+        engine.vllm_env(Config(), device, rank, env)
+        assert "VLLM_CACHE_ROOT" not in env
