@@ -39,7 +39,7 @@ class ReplayBuffer:
         self.m = cfg.m if cfg.asynchronous else 1.0  # synchronous mode trains on exactly the latest sync's samples
         self.rng = np.random.default_rng(cfg.seed)
         self.items = {}  # prompt id -> list[Sample], oldest first
-        self.n_online = {}  # prompt id -> samples added in the latest sync that touched it
+        self.n_online = {}  # prompt id -> distinct responses of the latest sync that touched it (the recent pool)
         self.recent = []  # prompt ids that arrived in the latest sync
         self._recent_left = []  # recent ids not yet drawn since that sync (refilled when empty)
         self._all_left = []  # seen ids not yet drawn in the current pass over all prompts
@@ -52,11 +52,10 @@ class ReplayBuffer:
         """Insert one sync round's trajectories. Returns the number of new (non-duplicate) samples."""
         if not samples:
             return 0
-        touched, new = {}, 0
+        touched, new = {}, 0  # prompt id -> the distinct responses this round brought for it
         for s in samples:
             items = self.items.setdefault(s.prompt_id, [])
-            if s.prompt_id not in touched:
-                touched[s.prompt_id] = 0
+            touched.setdefault(s.prompt_id, set()).add(s.response)
             dup = next((i for i, old in enumerate(items) if old.response == s.response), None)
             if dup is None:
                 new += 1
@@ -65,12 +64,11 @@ class ReplayBuffer:
                 self.size -= 1
             items.append(s)
             self.size += 1
-            touched[s.prompt_id] += 1
             if len(items) > self.cap:
                 items.pop(0)  # oldest first
                 self.size -= 1
-        for pid, n in touched.items():
-            self.n_online[pid] = min(n, len(self.items[pid]))
+        for pid, responses in touched.items():  # dedup moved every repeat to the end: the newest items are exactly
+            self.n_online[pid] = min(len(responses), len(self.items[pid]))  # this round's distinct responses
         self.recent = list(touched)
         self._recent_left = []
         return new
@@ -110,8 +108,9 @@ class ReplayBuffer:
             "rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state):
-        for k, v in state.items():
-            if k == "rng":
-                self.rng.bit_generator.state = v
-            else:
-                setattr(self, k, v)
+        """Copies the containers, so the buffer that gave `state` can go on without changing this one."""
+        self.items = {pid: list(samples) for pid, samples in state["items"].items()}
+        self.n_online, self.size = dict(state["n_online"]), state["size"]
+        self.recent, self._recent_left, self._all_left = (list(state[k])
+                                                          for k in ("recent", "_recent_left", "_all_left"))
+        self.rng.bit_generator.state = state["rng"]

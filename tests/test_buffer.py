@@ -104,3 +104,32 @@ def test_weights_is_the_softmax_of_reward():
     b = buf(cap=100, m=0.0, inv_temp=2.0)
     w = b.weights([s(0, [1], reward=1.0), s(0, [2], reward=0.0)])
     assert w == pytest.approx([np.exp(2) / (np.exp(2) + 1), 1 / (np.exp(2) + 1)])
+
+
+def test_recent_draws_never_reach_back_into_an_earlier_visit_when_a_round_has_duplicates():
+    # 10 samples of an earlier visit, then a visit of 8 samples with only 3 distinct responses: the recent pool is
+    # those 3 (counting all 8 reached back into 5 old ones), as the reference's n_online counts distinct new items
+    b = buf(cap=100, m=1.0, inv_temp=0.0)
+    b.add([s(0, [i], version=0) for i in range(10)])
+    b.add([s(0, [100 + i % 3], version=2) for i in range(8)])
+    assert b.n_online[0] == 3
+    for _ in range(50):
+        for draw in b.sample(1, 4):
+            assert {x.version for x in draw.samples} == {2}
+    # a repeat of an old response counts as this round's (newest copy wins), an old one left alone does not
+    b.add([s(0, [5], version=4), s(0, [5], version=4), s(0, [200], version=4)])
+    assert b.n_online[0] == 2 and {x.response for x in b.items[0][-2:]} == {(5,), (200,)}
+
+
+def test_state_dict_round_trip_continues_the_same_draws():
+    a = buf(cap=5, m=0.5, inv_temp=1.0, seed=3)
+    for v in range(4):
+        a.add([s(p, [p, v, i % 3], reward=float(i % 2), version=v) for p in range(6) for i in range(4)])
+    a.sample(3, 2)
+    b = buf(cap=5, m=0.5, inv_temp=1.0, seed=99)
+    b.load_state_dict(a.state_dict())
+    assert len(b) == len(a) and b.n_online == a.n_online and b.recent == a.recent
+    for _ in range(5):
+        da, db = a.sample(4, 3), b.sample(4, 3)
+        assert [(d.prompt_id, [x.response for x in d.samples], d.recent) for d in da] == \
+            [(d.prompt_id, [x.response for x in d.samples], d.recent) for d in db]
