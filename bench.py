@@ -22,7 +22,8 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(cfg_path, overrides, out_dir):
-    cmd = ["bash", os.path.join(ROOT, "launch.sh"), cfg_path, *overrides, f"out_dir={out_dir}", "progress=false"]
+    cmd = ["bash", os.path.join(ROOT, "launch.sh"), cfg_path, *overrides, f"out_dir={out_dir}", "progress=false",
+           "overwrite=true"]  # a benchmark reruns into the same out_dirs
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
     return rows, json.load(open(os.path.join(out_dir, "summary.json")))

@@ -70,6 +70,35 @@ def prune(ckpt_dir, keep):
         shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
 
 
+def run_in(out_dir):
+    """What a run left in out_dir, in a few words ("" when nothing): its summary's steps, or the steps its
+    metrics.jsonl logged, and its complete checkpoints."""
+    found = []
+    if os.path.isfile(os.path.join(out_dir, "summary.json")):
+        with open(os.path.join(out_dir, "summary.json")) as f:
+            found.append(f"a finished run of {json.load(f).get('steps', '?')} steps")
+    elif os.path.isfile(os.path.join(out_dir, "metrics.jsonl")):
+        with open(os.path.join(out_dir, "metrics.jsonl")) as f:
+            found.append(f"metrics.jsonl with {sum(1 for line in f if line.strip())} rows")
+    ckpt_dir = os.path.join(out_dir, "checkpoints")
+    names = sorted(n for n in os.listdir(ckpt_dir) if step_of(os.path.join(ckpt_dir, n)) is not None) \
+        if os.path.isdir(ckpt_dir) else []
+    if names:
+        found.append("checkpoints " + ", ".join(names))
+    return "; ".join(found)
+
+
+def clear_run(out_dir):
+    """Delete what a run writes into out_dir (and nothing else there)."""
+    for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
+        path = os.path.join(out_dir, name)
+        if name in ("tb", "checkpoints") and os.path.isdir(path):
+            shutil.rmtree(path)
+        elif name in ("config.yaml", "metrics.jsonl", "summary.json", "sync_probe.jsonl") or re.fullmatch(
+                r"eval_step\d+\.jsonl", name):
+            os.remove(path)
+
+
 def load_state(path):
     """What save() was given as `state`."""
     return dict(load(path, "trainer_state.pth"), places=load(path, "searchers.pth"), ref_weights=load(path, "ref.pth"))

@@ -152,6 +152,8 @@ class Config:
                                    "0 = keep all)", ge=0)
     resume: str = key("", "\"\" = start fresh | auto = continue from the newest complete checkpoint in out_dir "
                           "(fresh if none) | a checkpoint dir")
+    overwrite: bool = key(False, "start fresh in an out_dir that holds another run's results, deleting them first "
+                                 "(without it such a run is refused; resume=auto continues it instead)")
     progress: bool = key(True, "tqdm progress bar on rank 0")
     peak_tflops: float = key(0.0, "accelerator peak (dense bf16 TFLOP/s) for the logged MFU; 0 = do not log MFU "
                                   "(H200 measured: 790)", ge=0)
@@ -166,7 +168,8 @@ TYPES = {"int": int, "float": float, "str": str, "bool": bool}  # field types, s
 USAGE = """\
 usage: torchrun --nproc_per_node=N train.py CONFIG [key=value ...]   train; N = n_searchers + 1
        bash launch.sh [CONFIG] [key=value ...]                       the same, N read from the config
-       python train.py --prepare CONFIG [key=value ...]              check config, data and model; print N
+       python train.py --prepare CONFIG [key=value ...]              check config, data, model and GPU memory; print N
+       python train.py --plan CONFIG [key=value ...] --gpus N --gpu-memory-gb M   memory plan per GPU (plan.py)
 
 keys, set in CONFIG (key: value) or on the command line (key=value): name, type, default, allowed values, meaning
 """
@@ -299,6 +302,8 @@ def validate(cfg):
             raise ConfigError(f"'{name}' must be one of {rng}, got {value!r}")
         if not in_range(value, f.metadata):
             raise ConfigError(f"'{name}' must be {'in ' + rng if rng[0] in '[(' else rng}, got {value!r}")
+    if cfg.overwrite and cfg.resume:
+        raise ConfigError(f"overwrite=true deletes what resume={cfg.resume} would continue from: choose one")
     if cfg.loss.endswith(".py"):
         if not os.path.isfile(cfg.loss):
             raise ConfigError(f"loss file not found: {cfg.loss}")

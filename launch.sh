@@ -2,13 +2,14 @@
 # One TBA job: rank 0 trains, ranks 1..N-1 search.   bash launch.sh [CONFIG] [key=value ...]   (--help: every key)
 # Without a CONFIG it runs the embedded default, configs/tiny.yaml (a tiny model that learns on CPU in minutes).
 # Multi-node: set NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (e.g. from Slurm) and NPROC_PER_NODE.
+# Memory plan for GPUs you do not have yet: python train.py --plan CONFIG [key=value ...] --gpus N --gpu-memory-gb M
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 case "${1:-}" in -h|--help) exec "$PY" train.py --help ;; ""|*=*) set -- configs/tiny.yaml "$@" ;; esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
-NPROC=$("$PY" train.py --prepare "$@") || exit 2      # config, data and model checked here: one line on error
+NPROC=$("$PY" train.py --prepare "$@") || exit 2      # config, data, model, GPU memory: one line on error
 NPROC="${NPROC##*$'\n'}"
 exec "$PY" -m torch.distributed.run \
   --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" \

@@ -4,7 +4,8 @@
 # Each run is `bash launch.sh CONFIG <overrides> out_dir=<base>/<name>`: base = the config's out_dir, name = the swept
 # values in command-line order (m=0.5 seed=1 -> m0.5_seed1; the first swept key varies slowest). Single-valued
 # overrides go to every run and stay out of the name. A failed run does not stop the sweep; failures are listed at
-# the end and the exit code is 1. Then: python tables.py <base>/*
+# the end and the exit code is 1. Rerunning a sweep skips its finished runs (summary.json) and continues its
+# unfinished ones (resume=auto), unless resume= or overwrite= is given. Then: python tables.py <base>/*
 # Limitation: a comma always means a sweep, so a single value that contains a comma cannot be passed.
 set -o pipefail
 cd "$(dirname "$0")"
@@ -35,9 +36,14 @@ for c in "${combos[@]}"; do
   for kv in "${swept[@]}"; do name+="${name:+_}${kv%%=*}${kv#*=}"; done
   name=${name//[^A-Za-z0-9._-]/-}
   out="$base${name:+/$name}"
-  echo "[$i/${#combos[@]}] ${swept[*]} -> $out"
+  extra=()
+  if [[ " ${fixed[*]} " != *" resume="* && " ${fixed[*]} " != *" overwrite="* ]]; then
+    if [ -f "$out/summary.json" ]; then echo "[$i/${#combos[@]}] ${swept[*]} -> $out (finished: skipped)"; continue; fi
+    [ -d "$out" ] && extra=(resume=auto)
+  fi
+  echo "[$i/${#combos[@]}] ${swept[*]} -> $out${extra[*]:+ (unfinished: resume=auto)}"
   [ -n "${DRY_RUN:-}" ] && [ "$DRY_RUN" != 0 ] && continue
-  bash launch.sh "$config" "${fixed[@]}" "${swept[@]}" "out_dir=$out" || failed+=("$out")
+  bash launch.sh "$config" "${fixed[@]}" "${swept[@]}" "out_dir=$out" "${extra[@]}" || failed+=("$out")
 done
 
 if [ ${#failed[@]} -gt 0 ]; then

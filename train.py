@@ -1,7 +1,9 @@
 """TBA entry point: one torchrun job, rank 0 trains (trainer.py), ranks 1..N-1 search (searcher.py).
 
     torchrun --nproc_per_node=N train.py CONFIG [key=value ...]     (launch.sh builds this line)
-    python train.py --prepare CONFIG [key=value ...]                 check config, data and model; print N
+    python train.py --prepare CONFIG [key=value ...]                 check config, data, model and GPU memory; print N
+    python train.py --plan CONFIG [key=value ...] --gpus N --gpu-memory-gb M     the memory plan (plan.py); exit 2:
+                                                                     it does not fit
     python train.py --help                                           every config key: type, default, range, doc
 """
 import logging
@@ -154,9 +156,39 @@ def prepare(cfg):
             raise ModelError(f"{key} path not found: {path}")
     local_world = int(os.environ.get("NPROC_PER_NODE") or cfg.n_searchers + 1)
     ctx = Context(cfg, local_world, one_node=int(os.environ.get("NNODES", 1)) == 1)
-    texts = [r["prompt"] for r in ctx.train + ctx.test]
-    fit_new_tokens(model_positions(cfg.model), longest_prompt(ctx.tok, texts), 1)  # raises if a prompt leaves no room
+    longest = longest_prompt(ctx.tok, [r["prompt"] for r in ctx.train + ctx.test])
+    fit_new_tokens(model_positions(cfg.model), longest, 1)  # raises if a prompt leaves no room
+    if ctx.device == "cuda":  # the memory plan for the GPUs present (plan.py); on CPU nothing
+        import importlib.util
+        import plan
+        engine = cfg.engine if cfg.engine != "auto" else "vllm" if importlib.util.find_spec("vllm") else "hf"
+        gpu_bytes = torch.cuda.get_device_properties(0).total_memory  # the node's GPUs taken as alike
+        print(plan.prepare_check(cfg, ctx.gpu_mode, len(GPUS), gpu_bytes, longest, engine), file=sys.stderr)
+    claim_out_dir(cfg, clear=False)  # last: what is wrong with the config itself comes first
     print(cfg.n_searchers + 1)
+
+
+def claim_out_dir(cfg, clear):
+    """A run never writes over another run's results: an out_dir with its metrics, summary or checkpoints is refused
+    in one line, unless resume= continues that run, or overwrite=true (then `clear` deletes them first: rank 0)."""
+    found = "" if cfg.resume else checkpoint.run_in(cfg.out_dir)
+    if found and not cfg.overwrite:
+        raise ConfigError(f"out_dir {cfg.out_dir} holds a run ({found}): continue it with resume=auto, choose another "
+                          "out_dir, or overwrite=true to delete it first")
+    if found and clear:
+        checkpoint.clear_run(cfg.out_dir)
+
+
+def plan_memory(args):
+    """--plan: print the memory plan (plan.py) for --gpus N GPUs of --gpu-memory-gb M, a machine you may not have
+    yet; True when it fits. The layout is gpu_layout's for n_searchers + 1 ranks (a count it refuses: its one line)."""
+    import plan
+    rest, opts = plan.pop_flags([a for a in args if a != "--plan"])
+    path, overrides = parse_cli(rest)
+    cfg = load_config(path, overrides)
+    text, ok = plan.plan_cli(cfg, path or "defaults", opts, gpu_layout(opts["gpus"], cfg.n_searchers + 1, 0)[0])
+    print(text)
+    return ok
 
 
 def main():
@@ -167,9 +199,13 @@ def main():
     prep = "--prepare" in args
     rank = int(os.environ.get("RANK", 0))
     try:
+        if "--plan" in args:
+            sys.exit(0 if plan_memory(args) else 2)
         cfg = load_config(*parse_cli([a for a in args if a != "--prepare"]))
         if prep:
             return prepare(cfg)
+        if rank == 0:  # the trainer's job: the searchers write nothing into out_dir
+            claim_out_dir(cfg, clear=True)
         world = int(os.environ.get("WORLD_SIZE", 1))
         if world != cfg.n_searchers + 1:
             raise ConfigError(f"n_searchers={cfg.n_searchers} needs {cfg.n_searchers + 1} processes, "

@@ -39,7 +39,7 @@ DT=bfloat16; [ "$SHAPE" = tiny ] && DT=float32
 timeout 420 $PY -m torch.distributed.run --nproc_per_node=2 --master_port=29512 train.py configs/tiny.yaml \
   out_dir="$OUT/run" model=/tmp/gpu_check_model dtype=$DT engine=hf n_searchers=1 B=7 K=20 S=20 chunk_prompts=7 \
   max_new_tokens=512 micro_batch=20 steps=6 k=2 initial_buffer=140 n_test=32 eval_max_new_tokens=32 eval_every=0 \
-  max_prompts_per_round=0 lr=1e-5 peak_tflops=790 check_sync=true time_budget_min=5 progress=false 2>&1 \
+  max_prompts_per_round=0 lr=1e-5 peak_tflops=790 check_sync=true time_budget_min=5 progress=false overwrite=true 2>&1 \
   | grep -v "^W1" | tail -5
 
 echo "== 3. bare forward+backward, one micro-batch of 20 x 552 tokens"

@@ -9,6 +9,7 @@ import datetime
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import types
@@ -44,8 +45,9 @@ def fake_comm(rank, world, store=None, timeout=TIMEOUT, events=None, objects=())
 
 
 def prepare(*args, env=None):
+    out_dir = f"out_dir={tempfile.mkdtemp()}/run"  # not the default out/tiny, which may hold a run on this machine
     return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--prepare",
-                           os.path.join(ROOT, "configs", "tiny.yaml"), *args], capture_output=True, text=True,
+                           os.path.join(ROOT, "configs", "tiny.yaml"), out_dir, *args], capture_output=True, text=True,
                           cwd=ROOT, env=dict(os.environ, **(env or {})), timeout=300)
 
 

@@ -214,3 +214,25 @@ def test_prune_keeps_the_newest_and_final(tmp_path):
     checkpoint.prune(str(tmp_path), 2)
     assert sorted(os.listdir(tmp_path)) == ["final", "step_10", "step_12.tmp", "step_4"]
     assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "final")
+
+
+def test_a_run_never_writes_over_another_run(tiny_model, tmp_path):
+    """A new run into the out_dir of a finished one is refused in one line before any process starts; overwrite=true
+    deletes the old run's files first (and nothing else of the folder); resume=auto continues it (tested above)."""
+    out = tmp_path / "run"
+    torchrun(["engine=hf", "steps=2", "n_test=8", "save_every=1", "keep_checkpoints=0"], out)
+    (out / "notes.txt").write_text("mine")
+    before = (out / "metrics.jsonl").read_text()
+    p = subprocess.run(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={out}", "steps=1"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.strip() == (f"error: out_dir {out} holds a run (a finished run of 2 steps; checkpoints final, "
+                                "step_1): continue it with resume=auto, choose another out_dir, or "
+                                "overwrite=true to delete it first")
+    assert (out / "metrics.jsonl").read_text() == before  # untouched
+    rows, summary = torchrun(["engine=hf", "steps=1", "n_test=8", "overwrite=true"], out)
+    assert summary["steps"] == 1 and [r["step"] for r in rows] == [0, 1]
+    assert sorted(os.listdir(out / "checkpoints")) == ["final"] and (out / "notes.txt").read_text() == "mine"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "config.py"), "configs/tiny.yaml", "overwrite=true",
+                        "resume=auto"], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 2 and "choose one" in p.stderr

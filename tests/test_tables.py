@@ -163,3 +163,18 @@ def test_sweep_dry_run_grid(tmp_path):
     assert not os.path.exists(base)
     r = sweep("configs/tiny.yaml", "mm=1,2")
     assert r.returncode == 2 and "unknown key 'mm'" in r.stderr
+
+
+def test_a_rerun_sweep_skips_finished_runs_and_continues_unfinished_ones(tmp_path):
+    base = tmp_path / "grid"
+    (base / "seed0").mkdir(parents=True)
+    (base / "seed0" / "summary.json").write_text('{"steps": 5}')
+    (base / "seed1").mkdir()
+    (base / "seed1" / "metrics.jsonl").write_text('{"step": 0}\n')
+    r = sweep("configs/tiny.yaml", f"out_dir={base}", "seed=0,1,2")
+    lines = [line for line in r.stdout.splitlines() if line.startswith("[")]
+    assert lines == [f"[1/3] seed=0 -> {base}/seed0 (finished: skipped)",
+                     f"[2/3] seed=1 -> {base}/seed1 (unfinished: resume=auto)", f"[3/3] seed=2 -> {base}/seed2"]
+    r = sweep("configs/tiny.yaml", f"out_dir={base}", "seed=0,1", "overwrite=true")  # the user's choice stands
+    assert [line for line in r.stdout.splitlines() if line.startswith("[")] == [
+        f"[1/2] seed=0 -> {base}/seed0", f"[2/2] seed=1 -> {base}/seed1"]

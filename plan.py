@@ -1,0 +1,367 @@
+"""Memory plan: what each GPU will hold for a config, and whether it fits, before a run spends a node-day.
+
+    python train.py --plan CONFIG [key=value ...] --gpus N --gpu-memory-gb M [--prompt-tokens P]
+    python train.py --plan CONFIG ... --params N --layers L --hidden H --vocab V     (a model with no config at hand)
+    python train.py --prepare CONFIG ...   (launch.sh, on a GPU node) the same plan for the GPUs present: refused in
+                                           one line (exit 2) when it cannot fit
+
+Per GPU: the trainer's weights, gradients, AdamW states, weight-transport buffers and the activations of one
+micro-batch; each searcher's reference model, engine budget, receive buffers and log-prob forward; a CUDA context
+allowance per process. GB here is 2^30 bytes, as torch.cuda and nvidia-smi count (an "80 GB" GPU has 79-80 of them).
+Estimates from the model's shape, checked on a CPU trace and against an H200 run (trainer_activations); not counted:
+a task's own models (tldr / redteam reward, judge and victim models), which the searchers also load.
+"""
+import dataclasses
+import os
+
+import torch
+
+from config import ConfigError
+
+GB = 2**30
+BYTES = {"float32": 4, "bfloat16": 2}
+PROMPT_TOKENS = 256  # the prompt length assumed when the model's tokenizer and the task's data are not at hand
+HEAD_CHUNK = 2048  # policy.token_logprobs' chunk_tokens: LM-head tokens per checkpointed chunk
+REF_BATCH = 64  # searcher.search_chunk: reference log-probs of 64 sequences at a time
+CONTEXT_GB = 1.0  # per process: CUDA context, cuBLAS / NCCL workspaces, allocator slack (an allowance, not measured)
+
+# Shapes of the hub models the configs in configs/ name, for machines without the hub. Source of every number: the
+# model's config.json on the hub, as of 2026; parameters are counted from them (meta device) and match the published
+# counts (TinyLlama-1.1B 1,100,048,384; Qwen2.5-7B 7,615,616,512; GPT-2 124,439,808). Left out, so the plan asks for
+# --params ... : mnoukhov/pythia410m-sft-tldr (configs/tldr.yaml), whose vocabulary size is not known here.
+KNOWN_SHAPES = {
+    "realtreetune/rho-1b-sft-GSM8K": dict(  # the TinyLlama-1.1B shape (Rho-1B continues TinyLlama)
+        model_type="llama", hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+        intermediate_size=5632, vocab_size=32000, tie_word_embeddings=False, max_position_embeddings=2048),
+    "Qwen/Qwen2.5-7B": dict(
+        model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+        intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+    "gpt2": dict(model_type="gpt2", n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024),
+}
+
+
+# ---------------------------------------------------------------- the model's shape
+
+
+def shape_from_config(hf_cfg, source):
+    """The numbers the estimates need, from a transformers config; parameters counted on the meta device (no memory,
+    no download). gated: a Llama-style MLP (gate_proj, up_proj, down_proj) and RMSNorm."""
+    from transformers import AutoModelForCausalLM
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_cfg)
+    h, heads = hf_cfg.hidden_size, hf_cfg.num_attention_heads
+    head_dim = getattr(hf_cfg, "head_dim", None) or h // heads
+    inter = getattr(hf_cfg, "intermediate_size", None) or getattr(hf_cfg, "n_inner", None) or 4 * h
+    return dict(params=sum(p.numel() for p in model.parameters()), layers=hf_cfg.num_hidden_layers, hidden=h,
+                intermediate=inter, heads=heads, kv_dim=getattr(hf_cfg, "num_key_value_heads", heads) * head_dim,
+                vocab=hf_cfg.vocab_size, positions=getattr(hf_cfg, "max_position_embeddings", None),
+                gated=any("gate_proj" in n for n, _ in model.named_parameters()), source=source)
+
+
+def model_shape(model, given=None):
+    """The shape of `model`: given by the user (--params --layers --hidden --vocab), else its config.json (a local
+    folder), else KNOWN_SHAPES, else config.json from the hub (or its local cache). One line when none works."""
+    given = {k: v for k, v in (given or {}).items() if v is not None}
+    if given:
+        missing = [f"--{k}" for k in ("params", "layers", "hidden", "vocab") if k not in given]
+        if missing:
+            raise ConfigError(f"--plan: a shape given by hand needs {' '.join(missing)} too")
+        h = given["hidden"]  # a Llama-style block assumed: gated MLP of 8/3 h, no grouped KV heads
+        return dict(params=given["params"], layers=given["layers"], hidden=h, intermediate=8 * h // 3, heads=1,
+                    kv_dim=h, vocab=given["vocab"], positions=None, gated=True,
+                    source="--params/--layers/--hidden/--vocab (a Llama-style block assumed)")
+    from transformers import AutoConfig
+    if model in KNOWN_SHAPES and not os.path.isdir(model):
+        return shape_from_config(AutoConfig.for_model(**KNOWN_SHAPES[model]),
+                                 "its config.json on the hub, as of 2026 (plan.py's table)")
+    try:  # a local folder, else the hub (or its local cache)
+        where = f"{model}/config.json" if os.path.isdir(model) else f"{model} config.json (hub)"
+        return shape_from_config(AutoConfig.from_pretrained(model), where)
+    except (OSError, ValueError):
+        raise ConfigError(f"memory plan: no shape for model '{model}' (no config.json in a local folder or from the "
+                          "hub, not in plan.py's table): give --params N --layers L --hidden H --vocab V, or a local "
+                          "path")
+
+
+def measured_prompt_tokens(cfg):
+    """The longest training or test prompt in tokens when the model's tokenizer is a local folder and the task's data
+    loads; None otherwise (the plan then assumes PROMPT_TOKENS)."""
+    if not os.path.isdir(cfg.model):
+        return None
+    from policy import ModelError, load_tokenizer, longest_prompt
+    from rewards import DataError, get_task
+    try:
+        task = get_task(cfg.task)
+        rows = task.load(cfg.train_data or task.DEFAULT_TRAIN, "train")[: cfg.n_train or None]
+        rows += task.load(cfg.test_data or task.DEFAULT_TEST, "test")[: cfg.n_test or None]
+        return longest_prompt(load_tokenizer(cfg.model), [r["prompt"] for r in rows])
+    except (DataError, ModelError, OSError, ValueError):
+        return None
+
+
+# ---------------------------------------------------------------- the estimates, in bytes (e: bytes per element)
+
+
+def weights(shape, e):
+    # parameters x bytes of `dtype`; the gradients are the same size (trainer.py: pure `dtype`, no fp32 master copy)
+    return shape["params"] * e
+
+
+def adamw_states(shape, e):
+    # torch.optim.AdamW keeps exp_avg and exp_avg_sq like each parameter (in `dtype`): 2 x params x bytes
+    return 2 * shape["params"] * e
+
+
+def layer_activations(shape, e, seq):
+    """Bytes per token that one decoder layer saves for backward (no recomputation).
+    Korthikanti et al. 2022 ("Reducing Activation Recomputation", eq. 1) count (34 h + 5 a s) bytes for a GPT block
+    in 16-bit; with SDPA (flash / memory-efficient kernels keep a log-sum-exp, not the s x s scores) the 5 a s term
+    goes. A HF Llama / Qwen2 block differs from theirs: RMSNorm upcasts to fp32 (2 x 4h: the fp32 input of each norm),
+    a SwiGLU MLP of width i saves gate, act(gate), up and their product (4i elements), GQA keys and values are repeated
+    to all heads once a padding mask is present (the trainer's case), no dropout. Counted: e (8h + 4i) + 8h bytes, in
+    bf16 24h + 8i (46h for TinyLlama); measured with saved-tensor hooks on CPU: 94 856 against 94 208 bytes for the
+    TinyLlama shape, Qwen2 within 1%. Other blocks (GPT-2, GPT-NeoX): Korthikanti's eq. 1 scaled to e bytes (NeoX
+    measured 32-33h against 34h; GPT-2 with dropout more on CPU, whose SDPA math path keeps the scores)."""
+    h, i = shape["hidden"], shape["intermediate"]
+    if shape["gated"]:
+        return e * (8 * h + 4 * i) + 8 * h
+    return (34 * h + 5 * shape["heads"] * seq) * e // 2
+
+
+def trainer_activations(shape, e, n, seq):
+    """Activations of a micro-batch of n samples padded to seq tokens (token_logprobs pads to the longest):
+    every layer's saved tensors, the final norm and the gathered response hidden states (4h + 2eh), and half a
+    layer's more while backward runs (gradients of one layer's intermediates: 0.3-0.55 of a layer in a CPU trace).
+    Against the H200 check (TinyLlama shape, bf16, trainer + 1 searcher on one GPU): 20 x 552 tokens in the loop ->
+    this + LM-head chunk + weights, gradients, AdamW states and IPC buffers = 33.2 GB; measured 29-33 GB
+    (torch.cuda.max_memory_allocated, which only grows: 33 once AdamW states exist, and 33.2 - 4.1 = 29.1 before the
+    first step allocates them). Bare fwd + bwd + AdamW of 20 x 640 tokens: 34.6 GB for this trainer's computation;
+    that check ran HF's own loss on full-vocabulary logits (~14 B per logit, +5.3 GB, instead of the 2048-token chunk)
+    without a padding mask (-2.8 GB): 36.2 GB against 38 measured, 5% under. Korthikanti's 34h per layer would give
+    27 GB in the loop (18% under), hence the block-specific count. Not calibrated."""
+    layer, h = layer_activations(shape, e, seq), shape["hidden"]
+    return n * seq * (shape["layers"] * layer + 4 * h + 2 * e * h + layer // 2)
+
+
+def lm_head_chunk(shape, tokens):
+    # one checkpointed chunk of min(tokens, 2048) tokens x vocab, recomputed in backward: bf16 logits, their fp32 copy,
+    # logits / temperature and the fp32 gradient: ~16 bytes per logit (a CPU trace: 8.4 in forward, 15.3 in backward)
+    return min(tokens, HEAD_CHUNK) * shape["vocab"] * 16
+
+
+def nograd_forward(shape, e, n_seq, seq):
+    """Peak of a forward without gradients over n_seq x seq tokens (reference log-probs, HF behaviour log-probs):
+    nothing is saved, so one MLP's live tensors (act(gate), up, their product: 3i; 2i without a gate) and ~8h of
+    hidden-sized ones (residual, norm, attention, last hidden state), the KV cache HF keeps (use_cache), the boolean
+    padding mask (n_seq x seq^2) and the LM-head chunk (~12 bytes per logit in forward). A CPU trace: within 15%."""
+    tokens = n_seq * seq
+    h, i = shape["hidden"], shape["intermediate"]
+    live = e * ((3 if shape["gated"] else 2) * i + 8 * h) + shape["layers"] * 2 * shape["kv_dim"] * e
+    return tokens * live + n_seq * seq * seq + min(tokens, HEAD_CHUNK) * shape["vocab"] * 12
+
+
+def hf_kv_cache(cfg, shape, e, seq):
+    # HFEngine: a static KV cache for chunk_prompts x S sequences of `seq` tokens: layers x 2 (K, V) x kv_dim x bytes
+    return cfg.chunk_prompts * cfg.S * seq * shape["layers"] * 2 * shape["kv_dim"] * e
+
+
+def vllm_budget(cfg, shape, e, gpu_bytes, engines):
+    # vLLM takes vllm_gpu_memory_utilization of the GPU (weights, activations and KV cache), split evenly among the
+    # engines sharing it (engine.vllm_memory_args); with vllm_kv_cache_memory_bytes: that KV cache plus the weights
+    if cfg.vllm_kv_cache_memory_bytes:
+        return cfg.vllm_kv_cache_memory_bytes + weights(shape, e)
+    return cfg.vllm_gpu_memory_utilization * gpu_bytes / engines
+
+
+# ---------------------------------------------------------------- the plan
+
+
+def sequence(cfg, shape, prompt_tokens):
+    """The longest sequence a micro-batch pads to: prompt + max_new_tokens, capped at the model's positions."""
+    seq = prompt_tokens + cfg.max_new_tokens
+    return min(seq, shape["positions"]) if shape["positions"] else seq
+
+
+def micro_batch(cfg):
+    # samples per forward / backward, as trainer.train_step splits a batch: whole prompts, at most the B x K batch
+    return min(max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K, cfg.B * cfg.K)
+
+
+def trainer_rows(cfg, shape, seq):
+    """[(part, bytes, how)] of rank 0."""
+    e, p, n = BYTES[cfg.dtype], shape["params"], micro_batch(cfg)
+    per_token = trainer_activations(shape, e, 1, seq) / seq
+    return [("weights", weights(shape, e), f"{p:,} params x {e} B"),
+            ("gradients", weights(shape, e), "as the weights"),
+            ("AdamW states", adamw_states(shape, e), "exp_avg + exp_avg_sq, 2 x the weights"),
+            ("weight transport buffers", weights(shape, e), "a flat copy of the weights"),
+            ("activations", trainer_activations(shape, e, n, seq), f"{n} x {seq} tokens x {per_token / 1e6:.2f} MB"),
+            ("LM-head chunk", lm_head_chunk(shape, n * seq), f"{min(n * seq, HEAD_CHUNK)} tokens x {shape['vocab']} "
+                                                             "vocab x 16 B"),
+            ("CUDA context", CONTEXT_GB * GB, "allowance per process")]
+
+
+def searcher_rows(cfg, shape, seq, machine, count=1):
+    """[(part, bytes, how)] of `count` searchers on one GPU (count > 1: all ranks share it)."""
+    e, x = BYTES[cfg.dtype], f"{count} x " if count > 1 else ""
+    engines = count if machine["mode"] == "shared" else 1
+    if machine["engine"] == "hf":
+        c = cfg.chunk_prompts * cfg.S
+        engine = ("HF engine", count * (weights(shape, e) + hf_kv_cache(cfg, shape, e, seq)),
+                  f"{x}weights + static KV cache of {c} x {seq} tokens")
+        n_seq = c  # the HF engine's behaviour log-probs take the whole chunk at once
+    else:
+        budget = vllm_budget(cfg, shape, e, machine["gpu_bytes"], engines)
+        how = (f"{x}KV cache bytes + weights" if cfg.vllm_kv_cache_memory_bytes else
+               f"vllm_gpu_memory_utilization {cfg.vllm_gpu_memory_utilization:g} of the GPU"
+               + (f", {count} engines" if count > 1 else ""))
+        engine = ("vLLM engine" + ("s" if count > 1 else ""), count * budget, how)
+        n_seq = min(REF_BATCH, cfg.chunk_prompts * cfg.S)
+    receive = 0 if machine["kind"] == "ipc" else weights(shape, e)
+    return [("reference model" + ("s" if count > 1 else ""), count * weights(shape, e), f"{x}a frozen copy"),
+            engine,
+            ("weight receive buffers", count * receive, "views of the trainer's (ipc)" if not receive else
+             f"{x}a flat copy ({machine['kind']})"),
+            ("log-probs, no grad", count * nograd_forward(shape, e, n_seq, seq), f"{x}{n_seq} x {seq} tokens"),
+            ("CUDA context", count * CONTEXT_GB * GB, f"{x}allowance per process")]
+
+
+def gpu_tables(cfg, shape, prompt_tokens, machine):
+    """[(GPU title, [(part, bytes, how)])]: the trainer's GPU and one searcher's, or the one shared GPU."""
+    seq = sequence(cfg, shape, prompt_tokens)
+    n = cfg.n_searchers
+    if machine["mode"] == "shared":
+        return [(f"shared GPU (all {n + 1} ranks)", trainer_rows(cfg, shape, seq)
+                 + [(f"searchers: {part}", b, how) for part, b, how in searcher_rows(cfg, shape, seq, machine, n)])]
+    return [("trainer GPU (rank 0)", trainer_rows(cfg, shape, seq)),
+            (f"searcher GPU (rank{'s 1..' if n > 1 else ' '}{n}{', each' if n > 1 else ''})",
+             searcher_rows(cfg, shape, seq, machine))]
+
+
+def worst(cfg, shape, prompt_tokens, machine):
+    """(GPU title, its total bytes) of the fullest GPU."""
+    return max(((title, sum(b for _, b, _ in rows)) for title, rows in gpu_tables(cfg, shape, prompt_tokens, machine)),
+               key=lambda t: t[1])
+
+
+def advice(cfg, shape, prompt_tokens, machine):
+    """What to change so that the plan fits: the single changes that do, else what the least setting still needs."""
+    def fits(c, m=machine):
+        return worst(c, shape, prompt_tokens, m)[1] <= machine["gpu_bytes"]
+    ranks, found = cfg.n_searchers + 1, []
+    own = dict(machine, mode="own", kind="nccl")
+    if machine["mode"] == "shared" and fits(cfg, own):
+        found.append(f"{ranks} GPUs (one per rank)")
+    mb = [m for m in range(micro_batch(cfg) - cfg.K, 0, -cfg.K) if fits(dataclasses.replace(cfg, micro_batch=m))]
+    found += [f"micro_batch={mb[0]}"] if mb else []
+    if machine["engine"] == "vllm" and not cfg.vllm_kv_cache_memory_bytes:
+        us = [u / 100 for u in range(int(round(cfg.vllm_gpu_memory_utilization * 100)) - 5, 4, -5)
+              if fits(dataclasses.replace(cfg, vllm_gpu_memory_utilization=u / 100))]
+        found += [f"vllm_gpu_memory_utilization={us[0]:g}"] if us else []
+    if cfg.dtype == "float32" and fits(dataclasses.replace(cfg, dtype="bfloat16")):
+        found.append("dtype=bfloat16")
+    new = [t for t in range(cfg.max_new_tokens - 16, 15, -16) if fits(dataclasses.replace(cfg, max_new_tokens=t))]
+    found += [f"max_new_tokens={new[0]}"] if new else []
+    if found:
+        return "it fits with " + " or ".join(found)
+    title, need = worst(dataclasses.replace(cfg, micro_batch=cfg.K), shape, prompt_tokens, own)
+    return (f"no single change fits: even with a GPU per rank and micro_batch={cfg.K} (= K, the least) the "
+            f"{title.split(' (')[0]} needs {need / GB:.1f} GB: use GPUs that size, or lower K or max_new_tokens (the "
+            "trainer keeps whole weights, gradients, AdamW states and activations on its GPU)")
+
+
+def verdict(cfg, shape, prompt_tokens, machine):
+    """(fits, one line): 'fits: ...' or 'does not fit: <GPU> needs X of M GB; <what to change>'."""
+    m = machine["gpu_bytes"]
+    totals = [(title.split(" (")[0], sum(b for _, b, _ in rows))
+              for title, rows in gpu_tables(cfg, shape, prompt_tokens, machine)]
+    if all(t <= m for _, t in totals):
+        return True, "fits: " + ", ".join(f"{title} {t / GB:.1f} of {m / GB:.0f} GB" for title, t in totals)
+    over = " and ".join(f"{title} {t / GB:.1f}" for title, t in totals if t > m)
+    return False, f"does not fit: {over} of {m / GB:.0f} GB; " + advice(cfg, shape, prompt_tokens, machine)
+
+
+def report(cfg, shape, prompt_tokens, prompt_source, machine, name="config"):
+    """The whole plan as text (header, a table per GPU, the verdict line last) and whether it fits."""
+    seq, ranks = sequence(cfg, shape, prompt_tokens), cfg.n_searchers + 1
+    m = machine["gpu_bytes"]
+    layout = {"own": "a GPU per rank", "shared": "every rank on one GPU"}[machine["mode"]]
+    gpus = f"{machine['n_gpus']} x {m / GB:.0f} GB GPU{'s' if machine['n_gpus'] > 1 else ''}"
+    lines = [f"memory plan: {name}, {ranks} ranks (1 trainer + {cfg.n_searchers} searchers) on {gpus}: {layout}, "
+             f"weights by {machine['kind']}",
+             f"model {cfg.model}: {shape['params']:,} parameters, {shape['layers']} layers, hidden "
+             f"{shape['hidden']}, vocab {shape['vocab']}, {cfg.dtype}",
+             f"shape from {shape['source']}",
+             f"sequence {seq} tokens = {prompt_tokens} prompt ({prompt_source}) + {cfg.max_new_tokens} new; "
+             f"engine {machine['engine']}" + (" (engine=auto: vLLM assumed)" if cfg.engine == "auto" else "")]
+    extra = [k for k in ("reward_model", "judge_model", "victim_model", "embed_model") if getattr(cfg, k)]
+    if extra or cfg.task in ("tldr", "redteam"):
+        models = ", ".join(extra) or f"the {cfg.task} defaults"
+        lines.append(f"not counted: the task's own models on each searcher ({models})")
+    for title, rows in gpu_tables(cfg, shape, prompt_tokens, machine):
+        total = sum(b for _, b, _ in rows)
+        lines += ["", f"{title:<44}{'GB':>8}"]
+        lines += [f"  {part:<42}{b / GB:>8.1f}   {how}" for part, b, how in rows]
+        lines.append(f"  {'total':<42}{total / GB:>8.1f}   of {m / GB:.0f} GB ({total / m:.0%})")
+    ok, line = verdict(cfg, shape, prompt_tokens, machine)
+    return "\n".join(lines + ["", line]), ok
+
+
+# ---------------------------------------------------------------- entry points (train.py --plan, --prepare)
+
+FLAGS = {"--gpus": "gpus", "--gpu-memory-gb": "gpu_gb", "--prompt-tokens": "prompt_tokens", "--params": "params",
+         "--layers": "layers", "--hidden": "hidden", "--vocab": "vocab"}
+
+
+def pop_flags(args):
+    """--plan's own options (`--gpus 4` or `--gpus=4`) out of train.py's arguments -> (the rest, {key: number})."""
+    rest, opts, it = [], {}, iter(args)
+    for a in it:
+        flag, eq, value = a.partition("=")
+        if flag not in FLAGS:
+            rest.append(a)
+            continue
+        value = value if eq else next(it, "")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ConfigError(f"{flag} needs a number, got {value!r}") from None
+        whole = flag != "--gpu-memory-gb"
+        if number <= 0 or (whole and not number.is_integer()):
+            raise ConfigError(f"{flag} needs a {'whole number >= 1' if whole else 'positive number'}, got {value}")
+        opts[FLAGS[flag]] = number if flag == "--gpu-memory-gb" else int(number)
+    if "gpus" not in opts or "gpu_gb" not in opts:
+        raise ConfigError("--plan needs --gpus N and --gpu-memory-gb M, e.g. --gpus 4 --gpu-memory-gb 80")
+    return rest, opts
+
+
+def machine(cfg, mode, n_gpus, gpu_bytes, engine):
+    """The GPUs a plan is for: layout (train.gpu_layout), count, bytes each, engine (vllm | hf), weight transport."""
+    from transport import pick_transport  # raises the run's own one-line error for a transport the layout refuses
+    return dict(mode=mode, n_gpus=n_gpus, gpu_bytes=gpu_bytes, engine=engine,
+                kind=pick_transport(cfg.weight_transport, "cuda", mode))
+
+
+def plan_cli(cfg, name, opts, mode):
+    """python train.py --plan: (the plan's text, fits) for --gpus x --gpu-memory-gb GPUs in layout `mode`.
+    engine=auto counts as vLLM (requirements.txt installs it on a GPU node)."""
+    shape = model_shape(cfg.model, {k: opts.get(k) for k in ("params", "layers", "hidden", "vocab")})
+    prompt, source = opts.get("prompt_tokens"), "--prompt-tokens"
+    if prompt is None:
+        prompt, source = measured_prompt_tokens(cfg), "the longest in the data"
+    if prompt is None:
+        prompt, source = PROMPT_TOKENS, "assumed; set --prompt-tokens"
+    gpus = machine(cfg, mode, opts["gpus"], opts["gpu_gb"] * GB, "hf" if cfg.engine == "hf" else "vllm")
+    return report(cfg, shape, prompt, source, gpus, name)
+
+
+def prepare_check(cfg, mode, n_gpus, gpu_bytes, prompt_tokens, engine):
+    """--prepare on a GPU node: the plan for the GPUs present. Returns the 'fits: ...' line; raises ConfigError (one
+    line: the figures and what to change) when it cannot fit."""
+    shape = model_shape(cfg.model)
+    gpus = machine(cfg, mode, n_gpus, gpu_bytes, engine)
+    ok, line = verdict(cfg, shape, prompt_tokens, gpus)
+    if not ok:
+        raise ConfigError(f"memory plan: {line} (python train.py --plan CONFIG ... --gpus {n_gpus} --gpu-memory-gb "
+                          f"{gpu_bytes / GB:.0f} prints the table)")
+    return f"memory plan: {line}"
