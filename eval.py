@@ -10,8 +10,11 @@ import argparse
 import math
 import sys
 
-from policy import encode_prompt
-from rewards import warn_task_error
+from config import quiet_known_warnings
+
+quiet_known_warnings()  # before torch loads (policy imports it)
+from policy import encode_prompt  # noqa: E402
+from rewards import warn_task_error  # noqa: E402
 
 
 def greedy_eval(engine, tok, task, records, max_new_tokens, batch=64):
@@ -54,8 +57,8 @@ def main():
     import torch
 
     from config import ConfigError, load_config
-    from engine import make_engine
-    from policy import ModelError, fit_new_tokens, load_tokenizer, longest_prompt, model_positions
+    from engine import make_engine, position_limit
+    from policy import ModelError, fit_new_tokens, load_tokenizer, longest_prompt
     from rewards import DataError, get_task
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,7 +80,8 @@ def main():
         cfg = load_config(None, [f"model={args.model}", f"engine={args.engine}", f"dtype={args.dtype}", *args.keys])
         device = "cuda" if torch.cuda.is_available() else "cpu"
         longest = longest_prompt(tok, [r["prompt"] for r in records])
-        max_new_tokens, max_len, warning = fit_new_tokens(model_positions(args.model), longest, args.max_new_tokens)
+        max_new_tokens, max_len, warning = fit_new_tokens(position_limit(args.model, args.engine), longest,
+                                                          args.max_new_tokens)
         if warning:
             print(warning, file=sys.stderr, flush=True)
         engine = make_engine(cfg, device, 0, tok.pad_token_id, tok.eos_token_id, max_len)

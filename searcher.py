@@ -14,9 +14,9 @@ import torch
 import checkpoint
 import sync
 from buffer import Sample
-from engine import make_engine
+from engine import make_engine, position_limit
 from eval import evaluate
-from policy import encode_prompt, fit_new_tokens, load_model, longest_prompt, model_positions, token_logprobs
+from policy import encode_prompt, fit_new_tokens, load_model, longest_prompt, token_logprobs
 from rewards import warn_task_error
 
 
@@ -138,7 +138,7 @@ def fit_lengths(cfg, tok, prompts, test):
     every searcher gets the same cap), the engine's max_model_len, and the warning line when it lowered them."""
     longest = max(max(map(len, prompts)), longest_prompt(tok, [r["prompt"] for r in test]))
     wanted = max(cfg.max_new_tokens, cfg.eval_max_new_tokens, sync.PROBE_TOKENS if cfg.check_sync else 0)
-    new, max_len, warning = fit_new_tokens(model_positions(cfg.model), longest, wanted)
+    new, max_len, warning = fit_new_tokens(position_limit(cfg.model, cfg.engine), longest, wanted)
     cfg = dataclasses.replace(cfg, max_new_tokens=min(cfg.max_new_tokens, new),
                               eval_max_new_tokens=min(cfg.eval_max_new_tokens, new))
     return cfg, max_len, warning

