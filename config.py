@@ -113,12 +113,25 @@ class Config:
                                "engines, built in turn, must all be built within it too)", ge=1)
 
     section("objective (losses.py)")
-    loss: str = key("tb", "objective: tb (paper Eq. 5) | grpo | dr_grpo | rloo | online_dpo | tba_prime (losses.py), "
-                          "or a file defining loss(batch, cfg) -> (loss, metrics), e.g. myloss.py")
-    clip_eps: float = key(0.2, "grpo: PPO ratio clip", gt=0)
-    is_cap: float = key(8.0, "dr_grpo, tba_prime: truncation of the importance ratio pi/pi_behaviour "
-                             "(paper section 6)", gt=0)
+    loss: str = key("tb", "objective: tb (paper Eq. 5) | grpo | dr_grpo | rloo | online_dpo | tba_prime | prime_ratio "
+                          "| m2po (losses.py), or a file defining loss(batch, cfg) -> (loss, metrics), e.g. myloss.py")
+    clip_eps: float = key(0.2, "grpo, dr_grpo (per token), rloo (per sequence): PPO clip of the ratio "
+                               "pi/pi_behaviour to [1 - clip_eps, 1 + clip_eps]", gt=0)
+    grpo_norm: str = key("seq_mean", "grpo: per-token losses -> loss. seq_mean: mean over a response's tokens, then "
+                                     "over responses (DeepSeekMath) | token_mean: sum over the batch's tokens / their "
+                                     "count (TRL 0.17 default, bnpo) | constant: sum / max_new_tokens, mean over "
+                                     "responses (Dr. GRPO)", choices=("seq_mean", "token_mean", "constant"))
+    is_cap: float = key(8.0, "prime_ratio, tba_prime: the ratio pi/pi_behaviour is clamped to [0, is_cap]; a token "
+                             "above it gets no gradient (PRIME-RL's ratio loss; paper section 6: 8)", gt=0)
     dpo_beta: float = key(0.1, "online_dpo: the DPO temperature", gt=0)
+    dpo_pairs: str = key("best_worst", "online_dpo: best_worst: each prompt's highest- vs lowest-reward response "
+                                       "(asynchronous-RLHF code) | adjacent: a prompt's responses paired in batch "
+                                       "order, (1st, 2nd), (3rd, 4th), ... (TRL's one pair when K = 2)",
+                         choices=("best_worst", "adjacent"))
+    m2po_tau: float = key(0.04, "m2po: second-moment trust region, per micro-batch (micro_batch = B x K: the whole "
+                                "batch's, as in the paper): its trust-region tokens are masked, largest "
+                                "(log pi/pi_behaviour)^2 first, until the mean of that over those left is <= m2po_tau "
+                                "(Zheng et al. 2025: 0.04)", gt=0)
     ref_reset_every: int = key(0, "rho: every rho steps the reference becomes the current policy (TBA': 50); "
                                   "0 = frozen reference", ge=0)
     beta_start: float = key(0.05, "KL coefficient at step 1; the TB loss divides the reward by it "

@@ -2,23 +2,40 @@
 names a file of your own (`loss=path/to/myloss.py`, a file that defines `loss(batch, cfg)`).
 
 Every loss has the same signature, `fn(batch, cfg) -> (loss, metrics)`, on one micro-batch of whole prompts:
-    batch["logp"]        (N, L) per-token log pi_theta(y_t | x, y_<t) of the policy being trained (with grad)
-    batch["mask"]        (N, L) bool: True on response tokens; padding positions hold garbage and must get no weight
-    batch["logp_behav"]  (N, L) per-token log-probs under the policy that sampled the response (the searcher's)
-    batch["logp_ref"]    (N, L) per-token log-probs under the reference policy pi_ref
-    batch["reward"]      (N,)   reward of each response
-    batch["group"]       (N,)   prompt id of each response: group by this, never by the layout of the batch
-    batch["beta"]        float  the KL coefficient at this step (beta_at below)
+    batch["logp"]          (N, L) per-token log pi_theta(y_t | x, y_<t) of the policy being trained (with grad)
+    batch["mask"]          (N, L) bool: True on response tokens; padding positions of logp, logp_behav and logp_ref
+                           hold garbage and must get no weight
+    batch["logp_behav"]    (N, L) per-token log-probs under the policy that sampled the response (the searcher's)
+    batch["logp_ref"]      (N, L) per-token log-probs under the reference policy pi_ref
+    batch["reward"]        (N,)   reward of each response
+    batch["group"]         (N,)   prompt id of each response: group by this, never by the layout of the batch
+    batch["beta"]          float  the KL coefficient at this step (beta_at below)
+    batch["batch_tokens"]  int    response tokens in the whole optimizer batch, all micro-batches together
+                                  (trainer.train_step); absent: this micro-batch's own count
+    batch["batch_samples"] int    samples in the whole optimizer batch; absent: N
 Log-probs use logits / temperature (paper section 3). `loss` is the MEAN over the N samples of a per-sample objective
-(the trainer weights micro-batches by N / batch size, so the optimiser sees the mean over the whole batch however it
-is split); `metrics` is a dict of floats, logged as train/<name> (averaged over micro-batches the same way).
+(the trainer weights micro-batches by N / batch_samples, so the optimiser sees the mean over the whole batch however
+it is split). A loss normalised by the batch's token count (grpo_norm=token_mean, m2po) returns
+sum over its tokens / batch_tokens * batch_samples / N: weighted that way, the micro-batches sum to exactly the
+batch's token mean. `metrics` is a dict of floats, logged as train/<name> (averaged over micro-batches the same way).
 Knobs are read as cfg.<key> (config.py declares each with its default, range and doc).
+
+Each docstring cites the equation or the file and line it follows. Sources, by the short names used below:
+    TRL17   huggingface/trl v0.17.0, trl/trainer/grpo_trainer.py (the TBA paper's App. D.1 GRPO ran TRL 0.17.0)
+    TRL094  huggingface/trl v0.9.4, trl/trainer/rloo_trainer.py (the asynchronous-RLHF RLOO, Noukhovitch et al.)
+    ODPO17  huggingface/trl v0.17.0, trl/trainer/online_dpo_trainer.py
+    ARLHF   mnoukhov/async_rlhf @028aa87, src/online_dpo_single_vllm_trainer.py (Noukhovitch et al. 2024's code)
+    PRIME   PrimeIntellect-ai/prime-rl @bbb760a7, src/prime_rl/trainer/loss.py
+    TBAP    bbartoldson/tba-prime @115573d, src/zeroband/training/loss.py (the paper's TBA' code, a PRIME-RL fork)
+    M2PO    Zheng et al. 2025, arXiv 2510.01161 ("Prosperity before Collapse": Algorithm 1, the M2 and J_M2PO
+            equations) and the authors' code, Infini-AI-Lab/M2PO @af54a3e, verl/trainer/ppo/core_algos.py
 """
 import importlib.util
 import math
 import os
 
 import torch
+import torch.nn.functional as F
 
 
 def group_mean(x, group_ids):
@@ -39,6 +56,45 @@ def masked(x, mask):
     """x with padding positions set to 0, before any exp/log, so padding values (e.g. trl's INVALID_LOGPROB = 1.0)
     cannot leak into a loss or its gradient."""
     return torch.where(mask, x, torch.zeros_like(x))
+
+
+def seq_sum(x, mask):
+    """Sum of x over each response's tokens, per sample (padding set to 0 first)."""
+    return masked(x, mask).sum(1)
+
+
+def grpo_advantage(r, group_ids, eps):
+    """(r_i - mean_g r) / (std_g r + eps) with Bessel's correction in std (torch.std, as TRL17 lines 1082-1089 and
+    verl); 0 for a one-sample group (its centred reward is 0)."""
+    n = group_count(group_ids).to(r.dtype)
+    centred = r - group_mean(r, group_ids)
+    std = (group_mean(centred ** 2, group_ids) * n / (n - 1).clamp(min=1)).sqrt()
+    return centred / (std + eps)
+
+
+def ppo_clip(ratio, adv, eps):
+    """PPO's pessimistic surrogate as a loss, -min(ratio A, clip(ratio, 1 - eps, 1 + eps) A), and where the clipped
+    term is the one taken (strictly smaller): there the loss is constant in the ratio, so its gradient is 0
+    (ratio > 1 + eps with A > 0, ratio < 1 - eps with A < 0)."""
+    unclipped, clipped = ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv
+    return -torch.minimum(unclipped, clipped), clipped < unclipped
+
+
+def normalise(per_token, mask, how, batch, cfg):
+    """The micro-batch's loss from per-token losses (already 0 on padding), by `how`:
+    seq_mean:   mean_i (1/|y_i|) sum_t l_it     (DeepSeekMath Eq. 3; TRL17 line 1220, loss_type="grpo")
+    constant:   mean_i (1/T) sum_t l_it, T = cfg.max_new_tokens   (Dr. GRPO; TRL17 line 1224, loss_type="dr_grpo")
+    token_mean: sum_it l_it / batch_tokens * batch_samples / N   (TRL17 line 1222, loss_type="bnpo"; weighted by
+                N / batch_samples the micro-batches sum to the whole batch's sum over tokens / its token count)."""
+    n = per_token.shape[0]
+    if how == "seq_mean":
+        return (per_token.sum(1) / mask.sum(1).clamp(min=1).to(per_token.dtype)).mean()
+    if how == "constant":
+        return (per_token.sum(1) / cfg.max_new_tokens).mean()
+    if how == "token_mean":
+        tokens = max(int(batch.get("batch_tokens", int(mask.sum()))), 1)
+        return per_token.sum() * batch.get("batch_samples", n) / (tokens * n)
+    raise ValueError(f"unknown normaliser {how!r}")
 
 
 def vargrad_log_z(logp, logp_ref, reward, beta, group_ids):
@@ -63,127 +119,210 @@ def tb_batch_loss(batch, cfg):
     """Trajectory Balance (paper Eq. 5): tb_loss on the sequence sums of logp and logp_ref over response tokens.
     Needs no importance weight: TB is off-policy by construction (paper section 3.1)."""
     mask = batch["mask"]
-    logp, logp_ref = masked(batch["logp"], mask).sum(1), masked(batch["logp_ref"], mask).sum(1)
+    logp, logp_ref = seq_sum(batch["logp"], mask), seq_sum(batch["logp_ref"], mask)
     reward = batch["reward"].to(logp.dtype)
     log_z = vargrad_log_z(logp, logp_ref, reward, batch["beta"], batch["group"])
     return tb_loss(logp, logp_ref, reward, batch["beta"], batch["group"]), {"log_z": log_z.mean().item()}
 
 
 def grpo_loss(batch, cfg):
-    """GRPO (Shao et al. 2024, DeepSeekMath, Eq. 3 with the outcome-supervision advantage of section 4.1.2).
+    """GRPO (Shao et al. 2024, DeepSeekMath Eq. 3 with the outcome-supervision advantage of section 4.1.2), as TRL17
+    computes it (lines 1189-1242):
 
-    A_i = (r_i - mean_g r) / (std_g r + 1e-4), std with Bessel's correction as in TRL (a one-sample group gets A = 0);
-    rho_t = exp(logp_t - logp_behav_t);  l_t = -min(rho_t A, clip(rho_t, 1-eps, 1+eps) A) + beta * k3_t,
-    k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1  (Eq. 4, Schulman's unbiased estimator);
-    loss = mean_i [ (1/|y_i|) sum_t l_t ]   (per-sequence token mean, then mean over sequences).
-    Metrics: clip_fraction (response tokens whose clipped term is the one taken), kl_k3 (mean k3 per token).
+    A_i = (r_i - mean_g r) / (std_g r + 1e-4)    (lines 1081-1089; grpo_advantage)
+    rho_t = exp(logp_t - logp_behav_t)           (line 1211; against the behaviour policy, the searcher's)
+    l_t = -min(rho_t A_i, clip(rho_t, 1 - eps, 1 + eps) A_i) + beta k3_t    (lines 1212-1217, eps = clip_eps)
+    k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1   (DeepSeekMath Eq. 4; lines 1202-1204)
+    loss = normalise(l, cfg.grpo_norm): seq_mean (DeepSeekMath; TRL loss_type="grpo"), token_mean (TRL 0.17's default
+    "bnpo", here over the whole optimizer batch; TRL takes it over each device's local batch), constant (Dr. GRPO).
+    beta is the scheduled one (TRL's default, a constant 0.04: configs/gsm8k_grpo.yaml). A token with
+    rho > 1 + eps and A > 0 (or rho < 1 - eps and A < 0) takes the clipped, constant term: it gets only the KL gradient.
+    Metrics: clip_fraction (response tokens that take the clipped term; TRL17 lines 1236-1242), kl_k3 (mean k3).
     """
-    mask, logp, g = batch["mask"], batch["logp"], batch["group"]
-    eps = cfg.clip_eps
-    r = batch["reward"].to(logp.dtype)
-    n = group_count(g).to(logp.dtype)
-    centred = r - group_mean(r, g)
-    var = group_mean(centred ** 2, g) * n / (n - 1).clamp(min=1)
-    adv = (centred / (var.sqrt() + 1e-4)).unsqueeze(1)
-    ratio = torch.exp(masked(logp - batch["logp_behav"], mask))
-    unclipped, clipped = ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv
-    surrogate = torch.minimum(unclipped, clipped)
+    mask, logp = batch["mask"], batch["logp"]
+    adv = grpo_advantage(batch["reward"].to(logp.dtype), batch["group"], 1e-4).unsqueeze(1)
+    surrogate, clipped = ppo_clip(torch.exp(masked(logp - batch["logp_behav"], mask)), adv, cfg.clip_eps)
     log_r = masked(batch["logp_ref"] - logp, mask)
     k3 = torch.exp(log_r) - log_r - 1
-    per_token = masked(-surrogate + batch["beta"] * k3, mask)
-    per_seq = per_token.sum(1) / mask.sum(1).clamp(min=1).to(logp.dtype)
-    tokens = mask.sum().clamp(min=1)
-    return per_seq.mean(), {"clip_fraction": ((clipped < unclipped) & mask).sum().item() / tokens.item(),
-                            "kl_k3": masked(k3.detach(), mask).sum().item() / tokens.item()}
-
-
-def _truncated_is_pg(batch, cfg, adv):
-    """Shared token-level policy gradient of Dr. GRPO ("ratio" form) and TBA':
-    l_t = -sg(min(rho_t, is_cap)) * A * logp_t, rho_t = exp(logp_t - logp_behav_t); loss = mean_i sum_t l_t / T with
-    T = max_new_tokens (a constant). The truncated IS weight is a stop-gradient (CISPO), so grad = -min(rho, cap) A
-    grad logp. Metrics: is_weight_mean (mean truncated weight per token), is_capped_fraction (tokens with rho > cap)."""
-    mask, logp = batch["mask"], batch["logp"]
-    rho = torch.exp(masked(logp - batch["logp_behav"], mask)).detach()
-    w = rho.clamp(0.0, cfg.is_cap)
-    per_token = masked(-w * adv.unsqueeze(1) * logp, mask)
+    loss = normalise(masked(surrogate + batch["beta"] * k3, mask), mask, cfg.grpo_norm, batch, cfg)
     tokens = mask.sum().clamp(min=1).item()
-    return (per_token.sum(1) / cfg.max_new_tokens).mean(), {
-        "is_weight_mean": masked(w, mask).sum().item() / tokens,
-        "is_capped_fraction": ((rho > cfg.is_cap) & mask).sum().item() / tokens}
+    return loss, {"clip_fraction": (clipped & mask).sum().item() / tokens,
+                  "kl_k3": masked(k3.detach(), mask).sum().item() / tokens}
 
 
 def dr_grpo_loss(batch, cfg):
-    """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-like Training", Eq. 3 / Fig. 1): advantage
-    A_i = r_i - mean_g r (no std division); per-token loss summed and divided by the CONSTANT max_new_tokens (no
-    per-sequence length normalisation); no KL term (the paper drops it for rule-based rewards).
+    """Dr. GRPO (Liu et al. 2025, arXiv 2503.20783, section 3.2 and Fig. 1: GRPO without the 1/|o_i| length and the
+    std normalisation), as TRL17 runs it with loss_type="dr_grpo", scale_rewards=False, beta=0:
 
-    Off-policy correction: PRIME-RL's "ratio" form, -sg(min(rho_t, is_cap)) A logp_t with rho = exp(logp -
-    logp_behav), instead of PPO clipping, so that tba_prime_loss with beta = 0 is exactly this loss in value and
-    gradient (prime-rl issue #1235: the only difference between TBA' and that Dr. GRPO is the centred KL term in A).
+    A_i = r_i - mean_g r                         (TRL17 line 1087, no std division)
+    l_t = -min(rho_t A_i, clip(rho_t, 1 - eps, 1 + eps) A_i),  rho_t = exp(logp_t - logp_behav_t)  (lines 1211-1215)
+    loss = mean_i sum_t l_t / max_new_tokens     (line 1224: sum / (N * max_completion_length))
+    No KL term (Liu et al. drop it; batch["beta"] is not used). A token with rho > 1 + eps and A > 0 gets no gradient.
+    Metric: clip_fraction. The TBA paper's Fig. 6 "Dr. GRPO" is a different loss, PRIME-RL's: prime_ratio_loss.
     """
+    mask, logp = batch["mask"], batch["logp"]
+    r = batch["reward"].to(logp.dtype)
+    adv = (r - group_mean(r, batch["group"])).unsqueeze(1)
+    surrogate, clipped = ppo_clip(torch.exp(masked(logp - batch["logp_behav"], mask)), adv, cfg.clip_eps)
+    loss = normalise(masked(surrogate, mask), mask, "constant", batch, cfg)
+    return loss, {"clip_fraction": (clipped & mask).sum().item() / mask.sum().clamp(min=1).item()}
+
+
+def _prime_ratio(batch, cfg, adv):
+    """PRIME-RL's "ratio" loss (PRIME lines 102-108, grpo_loss_ratio; the same in TBAP lines 217-219):
+    l_t = -clamp(rho_t, 0, is_cap) A_i, rho_t = exp(logp_t - logp_behav_t), with NO stop-gradient: the gradient is
+    -rho_t A_i d logp_t below the cap and 0 above it (clamp passes no gradient there);
+    loss = mean_i sum_t l_t / max_new_tokens (TBAP lines 224 and 385-386: sum over tokens / a constant).
+    Metrics: is_weight_mean (mean clamped ratio per token), is_capped_fraction (tokens with rho > is_cap)."""
+    mask, logp = batch["mask"], batch["logp"]
+    rho = torch.exp(masked(logp - batch["logp_behav"], mask))
+    weight = rho.clamp(0.0, cfg.is_cap)
+    loss = normalise(masked(-weight * adv.unsqueeze(1), mask), mask, "constant", batch, cfg)
+    tokens = mask.sum().clamp(min=1).item()
+    return loss, {"is_weight_mean": masked(weight.detach(), mask).sum().item() / tokens,
+                  "is_capped_fraction": ((rho.detach() > cfg.is_cap) & mask).sum().item() / tokens}
+
+
+def prime_ratio_loss(batch, cfg):
+    """The TBA paper's Fig. 6 "Dr. GRPO" (section 6): PRIME-RL's ratio loss with the Dr. GRPO advantage
+    A_i = r_i - mean_g r (no std division; PrimeIntellect-ai/prime-rl issue #1235). Formula: _prime_ratio."""
     r = batch["reward"].to(batch["logp"].dtype)
-    return _truncated_is_pg(batch, cfg, r - group_mean(r, batch["group"]))
+    return _prime_ratio(batch, cfg, r - group_mean(r, batch["group"]))
+
+
+def tba_prime_loss(batch, cfg):
+    """TBA' (paper section 6 / App. C; prime-rl issue #1235: PRIME-RL's ratio loss with a centred KL in the advantage).
+
+    KL_i = sg(sum_t clamp(logp_t - ref_t, -10, 10));  A_i = (r_i - mean_g r) - beta (KL_i - mean_g KL)
+    then _prime_ratio: l_t = -clamp(exp(logp_t - logp_behav_t), 0, is_cap) A_i,
+    loss = mean_i sum_t l_t / max_new_tokens.
+    With beta = 0 this is exactly prime_ratio_loss, in value and gradient.
+    """
+    mask, logp, g = batch["mask"], batch["logp"], batch["group"]
+    r = batch["reward"].to(logp.dtype)
+    kl = seq_sum((logp.detach() - batch["logp_ref"]).clamp(-10.0, 10.0), mask)
+    return _prime_ratio(batch, cfg, (r - group_mean(r, g)) - batch["beta"] * (kl - group_mean(kl, g)))
 
 
 def rloo_loss(batch, cfg):
-    """RLOO (Ahmadian et al. 2024, "Back to Basics", Eq. 7): on-policy REINFORCE with a leave-one-out baseline.
+    """Proximal RLOO, the asynchronous-RLHF RLOO baseline (Noukhovitch et al. 2024), as TRL094 computes it (the
+    asynchronous-RLHF code, mnoukhov/async_rlhf @5598529 src/rloo_trainer_vllm.py lines 361-417, is the same):
 
-    R_i = r_i - beta * sg(sum_t (logp_t - ref_t))   (KL-shaped sequence reward, Eq. 1);
-    A_i = R_i - (1/(n_g - 1)) sum_{j != i in g} R_j  (= n_g/(n_g-1) (R_i - mean_g R); 0 for a one-sample group);
-    loss = -mean_i A_i * sum_t logp_t. No importance ratio (standard on-policy estimator). Metric: kl_seq.
+    R_i = r_i - beta sum_t (logp_behav_t - ref_t)   (TRL094 lines 315-317: the KL penalty uses the log-probs of the
+          policy that sampled, lines 254-257; computed without gradient)
+    A_i = R_i - mean_{j != i, same prompt} R_j      (lines 320-323, leave-one-out; 0 for a one-sample prompt)
+    rho_i = exp(sum_t logp_t - sum_t logp_behav_t)  (lines 351-355: ONE ratio per sequence, not per token)
+    l_i = max(-A_i rho_i, -A_i clip(rho_i, 1 - eps, 1 + eps)),  loss = mean_i l_i   (lines 356-359, eps = clip_eps)
+    A sequence with rho > 1 + eps and A > 0 (or rho < 1 - eps and A < 0) gets no gradient.
+    Metrics: clip_fraction (sequences that take the clipped term, line 365), kl_penalty (mean sum_t logp_behav - ref).
     """
     mask, logp, g = batch["mask"], batch["logp"], batch["group"]
-    seq_logp = masked(logp, mask).sum(1)
-    kl = masked(logp.detach() - batch["logp_ref"], mask).sum(1)
+    behav = seq_sum(batch["logp_behav"], mask)
+    kl = behav - seq_sum(batch["logp_ref"], mask)
     shaped = batch["reward"].to(logp.dtype) - batch["beta"] * kl
     n = group_count(g).to(logp.dtype)
     adv = torch.where(n > 1, n / (n - 1).clamp(min=1) * (shaped - group_mean(shaped, g)), torch.zeros_like(shaped))
-    return -(adv * seq_logp).mean(), {"kl_seq": kl.mean().item()}
+    loss, clipped = ppo_clip(torch.exp(seq_sum(logp, mask) - behav), adv, cfg.clip_eps)
+    return loss.mean(), {"clip_fraction": clipped.float().mean().item(), "kl_penalty": kl.mean().item()}
+
+
+def dpo_pairs(reward, group_ids, rule):
+    """The pairs of online_dpo_loss: (a, b, weight) row indices of two responses to one prompt, a first in batch order,
+    and the number of responses the pair stands for (best_worst: the prompt's n_g; adjacent: 2)."""
+    pairs = []
+    for gid in torch.unique(group_ids).tolist():
+        rows = (group_ids == gid).nonzero(as_tuple=True)[0].tolist()  # the prompt's responses in batch order
+        rs = [float(reward[i]) for i in rows]
+        if rule == "best_worst" and len(rows) > 1:
+            hi, lo = rs.index(max(rs)), rs.index(min(rs))  # the first one on equal rewards; hi == lo if all tie
+            pairs.append((rows[min(hi, lo)], rows[max(hi, lo)], len(rows)))
+        elif rule == "adjacent":
+            pairs += [(rows[j], rows[j + 1], 2) for j in range(0, len(rows) - 1, 2)]
+    return pairs
 
 
 def online_dpo_loss(batch, cfg):
-    """Online DPO (Guo et al. 2024; Noukhovitch et al. 2024, "Asynchronous RLHF", section 3 / Eq. 2 with a
-    best-vs-worst pair per prompt). In each group w = argmax r, l = argmin r (first in batch order on equal
-    rewards); groups where max r == min r give no pair.
-    z = dpo_beta * ((S_w - Ref_w) - (S_l - Ref_l)), S = sum_t logp, Ref = sum_t logp_ref;  loss_g = -log sigmoid(z).
-
-    Scaling: each sample carries its group's pair loss (0 for a tied group), and the function returns the mean of
-    that over the N samples, i.e. sum_g n_g loss_g / N: with K samples per prompt and no ties, the mean over the
-    batch's pairs, independent of how prompts are split into micro-batches. Returns 0 * sum(logp) (graph kept) with
-    no pairs. Metric: pair_fraction (prompts that gave a pair).
+    """Online DPO (Guo et al. 2024) as the asynchronous-RLHF baselines ran it (Noukhovitch et al. 2024). Pairs by
+    cfg.dpo_pairs (dpo_pairs above):
+      best_worst: per prompt, the highest- against the lowest-reward response (ARLHF lines 492-504: torch.max and
+        torch.min over the prompt's rloo_k responses; its configs/onlinedpovllm_rho1b_gsm8k.yml, rloo_k 4, is the GSM8K
+        run the TBA paper's Fig. 1 takes its DPO point from). With 2 responses per prompt it is TRL's one pair.
+      adjacent: the prompt's responses paired in batch order (1st, 2nd), (3rd, 4th), ..., an odd last one unpaired:
+        ODPO17 lines 600-607 pair the 2 completions of each prompt this way.
+    The higher reward is chosen. z = dpo_beta ((S_w - Ref_w) - (S_l - Ref_l)), S = sum_t logp, Ref = sum_t logp_ref;
+    l = -log sigmoid(z) (ODPO17 lines 624-630; ARLHF lines 615-620).
+    A pair with equal rewards is tied and skipped (loss 0, no gradient), as ARLHF's fully tied prompt (max == min picks
+    one response as both chosen and rejected: no gradient, value log 2); ODPO17 (line 603, >=) would train a tied pair
+    with the first response chosen.
+    Scale: the mean over ALL the batch's pairs, a tied one counting 0, as both sources average (losses.mean() over
+    every pair: ODPO17 line 636, ARLHF line 629). Written per sample: each response carries the loss of its pair
+    (best_worst: all n_g responses of the prompt) and the function returns the mean over its N samples, which the
+    trainer's weights turn into sum over pairs of l * weight / batch_samples exactly, however the batch is split; that
+    is the mean over pairs when every prompt has K responses (K even for adjacent), as in the trainer's batches.
+    Returns 0 * sum(logp) (graph kept) when no pair is untied. Metric: tied_fraction (tied pairs / pairs).
     """
-    mask, logp = batch["mask"], batch["logp"]
-    seq = masked(logp, mask).sum(1) - masked(batch["logp_ref"], mask).sum(1)
-    r, g = batch["reward"], batch["group"]
-    groups = torch.unique(g).tolist()
-    terms = []
-    for gid in groups:
-        idx = (g == gid).nonzero(as_tuple=True)[0]
-        rg = r[idx]
-        hi, lo = int(torch.argmax(rg)), int(torch.argmin(rg))  # argmax/argmin return the first occurrence
-        if not bool(rg[hi] > rg[lo]):
+    mask, logp, r = batch["mask"], batch["logp"], batch["reward"]
+    seq = seq_sum(logp, mask) - seq_sum(batch["logp_ref"], mask)
+    pairs = dpo_pairs(r, batch["group"], cfg.dpo_pairs)
+    terms, tied = [], 0
+    for a, b, weight in pairs:
+        if not bool(r[a] != r[b]):
+            tied += 1
             continue
-        z = cfg.dpo_beta * (seq[idx[hi]] - seq[idx[lo]])
-        terms.append(-torch.nn.functional.logsigmoid(z) * len(idx))
-    metrics = {"pair_fraction": len(terms) / len(groups)}
+        w, l = (a, b) if bool(r[a] > r[b]) else (b, a)
+        terms.append(-F.logsigmoid(cfg.dpo_beta * (seq[w] - seq[l])) * weight)
+    metrics = {"tied_fraction": tied / len(pairs) if pairs else 0.0}
     if not terms:
         return 0.0 * masked(logp, mask).sum(), metrics
     return torch.stack(terms).sum() / logp.shape[0], metrics
 
 
-def tba_prime_loss(batch, cfg):
-    """TBA' (paper section 6 / App. C; bbartoldson/tba-prime `tba_loss`).
+def m2po_keep(delta, adv, mask, tau):
+    """M2PO Algorithm 1 on one call's tokens: the trust-region tokens T are those where PPO's clip would act, A > 0 with
+    rho > 1 or A < 0 with rho < 1 (the authors' code, core_algos.py lines 726-755); M2_i = delta_i^2,
+    delta = logp - logp_behav; while mean_{i in T} M2_i > tau, the token of T with the largest M2_i is masked and
+    leaves T (ties: the first in row-major order). Returns a bool (N, L), False on the masked tokens only."""
+    trust = mask & (((adv > 0) & (delta > 0)) | ((adv < 0) & (delta < 0)))
+    m2 = (delta ** 2)[trust]
+    order = torch.sort(m2, descending=True, stable=True).indices
+    left = m2[order].flip(0).cumsum(0).flip(0) / torch.arange(len(m2), 0, -1, dtype=m2.dtype, device=m2.device)
+    below = (left <= tau).nonzero(as_tuple=True)[0]  # left[k]: mean of T after masking its k largest
+    k = int(below[0]) if len(below) else len(m2)
+    dropped = torch.zeros_like(m2, dtype=torch.bool)
+    dropped[order[:k]] = True
+    keep = torch.ones_like(mask)
+    keep[trust] = ~dropped
+    return keep
 
-    KL_i = sg(sum_t clamp(logp_t - ref_t, -10, 10));  A_i = (r_i - mean_g r) - beta (KL_i - mean_g KL);
-    l_t = -sg(min(exp(logp_t - logp_behav_t), is_cap)) * A_i * logp_t  (CISPO-style truncated IS, cap 8);
-    loss = mean_i sum_t l_t / max_new_tokens (constant normaliser, Dr. GRPO style).
-    With beta = 0 this is exactly dr_grpo_loss (prime-rl issue #1235).
+
+def m2po_loss(batch, cfg):
+    """M2PO, second-moment trust policy optimization (M2PO: Zheng et al. 2025, the J_M2PO equation and Algorithm 1):
+
+    A_i = (r_i - mean_g r) / (std_g r + 1e-6)   (the GRPO advantage of the authors' verl, core_algos.py line 161; 0
+          for a one-sample prompt, where verl's lines 152-153 would give r_i)
+    M = m2po_keep(logp - logp_behav, A, tau = m2po_tau)   (Algorithm 1; tau = 0.04 in all the paper's runs)
+    l_t = -M_t rho_t A_i, rho_t = exp(logp_t - logp_behav_t), no epsilon clip and no KL term;
+    loss = sum over the batch's tokens of l_t / batch_tokens (J_M2PO's 1 / sum_i |o_i|: masked tokens still count).
+    The trust region is per CALL, over this micro-batch's tokens (the authors' verl also applies it per micro-batch,
+    dp_actor.py lines 361-408): the trainer's default micro_batch = K makes it per prompt; micro_batch = B x K gives
+    the whole batch's, as Algorithm 1 states it. Sources that differ, not followed: the authors' code (core_algos.py
+    lines 758-867) finds one bound c with mean_T min(delta^2, c^2) = tau and PPO-clips rho at exp(+-c), which masks
+    the tokens of T with |delta| > c (the gradient of masking) under a capped rather than a removed mean; AReaL
+    (inclusionAI/AReaL @4aef98d areal/trainer/ppo/actor.py lines 769-848) takes T = all response tokens and keeps a
+    PPO clip.
+    Metrics: masked_fraction (response tokens masked), is_weight_mean (mean rho per token), m2 (mean delta^2 over the
+    response tokens, the paper's M2 before masking).
     """
-    mask, logp, g = batch["mask"], batch["logp"], batch["group"]
-    r = batch["reward"].to(logp.dtype)
-    kl = masked((logp.detach() - batch["logp_ref"]).clamp(-10.0, 10.0), mask).sum(1)
-    adv = (r - group_mean(r, g)) - batch["beta"] * (kl - group_mean(kl, g))
-    return _truncated_is_pg(batch, cfg, adv)
+    mask, logp = batch["mask"], batch["logp"]
+    adv = grpo_advantage(batch["reward"].to(logp.dtype), batch["group"], 1e-6).unsqueeze(1)
+    delta = masked(logp - batch["logp_behav"], mask)
+    keep = m2po_keep(delta.detach(), adv, mask, cfg.m2po_tau)
+    rho = torch.exp(delta)
+    loss = normalise(masked(-rho * adv, mask & keep), mask, "token_mean", batch, cfg)
+    tokens = mask.sum().clamp(min=1).item()
+    return loss, {"masked_fraction": (mask & ~keep).sum().item() / tokens,
+                  "is_weight_mean": masked(rho.detach(), mask).sum().item() / tokens,
+                  "m2": (delta.detach() ** 2).sum().item() / tokens}
 
 
 LOSSES = {
@@ -193,6 +332,8 @@ LOSSES = {
     "rloo": rloo_loss,
     "online_dpo": online_dpo_loss,
     "tba_prime": tba_prime_loss,
+    "prime_ratio": prime_ratio_loss,
+    "m2po": m2po_loss,
 }
 
 

@@ -166,11 +166,12 @@ def train_step(cfg, state, prompts, loss_fn, step):
     batch = state.buffer.sample(cfg.B, cfg.K)
     flat = [(gid, s) for gid, draw in enumerate(batch) for s in draw.samples]  # group id: the draw, as paper Eq. 5
     per_mb = max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K  # whole prompts per micro-batch
+    totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))  # losses.py docstring
     opt.zero_grad(set_to_none=True)
     sums = {}  # the loss, its metrics and the mean sequence log-probs, each weighted by micro-batch size
     for start in range(0, len(flat), per_mb):
         part = flat[start : start + per_mb]
-        mb = micro_batch(model, prompts, part, cfg.temperature, beta)
+        mb = dict(micro_batch(model, prompts, part, cfg.temperature, beta), **totals)
         loss, metrics = loss_fn(mb, cfg)
         w = len(part) / len(flat)
         (loss * w).backward()

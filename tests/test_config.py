@@ -43,7 +43,8 @@ def test_overrides_and_types():
     (["lr=.nan"], "'lr' must be a finite number, got nan"),
     (["dtype=float16"], "'dtype' must be one of float32|bfloat16, got 'float16'"),
     (["loss=tests/nope.py"], "loss file not found: tests/nope.py"),
-    (["loss=foo"], "'loss' must be one of tb|grpo|dr_grpo|rloo|online_dpo|tba_prime or a .py file, got 'foo'"),
+    (["loss=foo"], "'loss' must be one of tb|grpo|dr_grpo|rloo|online_dpo|tba_prime|prime_ratio|m2po or a .py file, "
+                   "got 'foo'"),
 ])
 def test_bad_overrides_raise_one_line(overrides, message):
     with pytest.raises(ConfigError) as e:
