@@ -11,8 +11,24 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
 NPROC=$("$PY" train.py --prepare "$@") || exit 2      # config, data, model, GPU memory: one line on error
 NPROC="${NPROC##*$'\n'}"
-exec "$PY" -m torch.distributed.run \
-  --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" \
+# torchrun, translated: SIGTERM / SIGINT (scancel, pre-emption, Ctrl-C) end the job with 128 + the signal, i.e.
+# stopped and resumable with resume=auto, and a failed rank ends it with that rank's exit code (the trainer's when it
+# has one); either way without torchrun's traceback and log lines: the trainer has already said why in one line.
+exec "$PY" -c '
+import logging, os, sys
+os.environ.setdefault("LOGLEVEL", "ERROR")  # torchrun logs at warning level what the trainer says in its own line:
+logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # "shutting down workers", "closing signal"
+from torch.distributed.elastic.multiprocessing.api import SignalException
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.run import parse_args, run
+try:
+    run(parse_args(sys.argv[1:]))
+except SignalException as e:
+    sys.exit(128 + int(e.sigval))
+except ChildFailedError as e:
+    failure = e.failures.get(0) or e.get_first_failure()[1]
+    sys.exit(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
+' --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" \
   --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-29500}" \
   --nproc_per_node="${NPROC_PER_NODE:-$NPROC}" \
   train.py "$@"

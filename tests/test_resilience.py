@@ -236,3 +236,41 @@ def test_a_run_never_writes_over_another_run(tiny_model, tmp_path):
     p = subprocess.run([sys.executable, os.path.join(ROOT, "config.py"), "configs/tiny.yaml", "overwrite=true",
                         "resume=auto"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "choose one" in p.stderr
+
+
+def stop_with(sig, out, rows, extra=()):
+    """bash launch.sh (the user's command) in its own process group; once metrics.jsonl has `rows` rows, `sig` to
+    the whole group, as scancel, a pre-emption or Ctrl-C send it. Returns (exit code, output, seconds to exit)."""
+    job = subprocess.Popen(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={out}",
+                            "engine=hf", "steps=100000", "n_test=40", "progress=false", *extra], cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(out, "metrics.jsonl"))
+                 and len(open(os.path.join(out, "metrics.jsonl")).readlines()) >= rows, 600, job, f"{rows} rows")
+        t0 = time.time()
+        os.killpg(job.pid, sig)
+        output, _ = job.communicate(timeout=60)
+        return job.returncode, output, time.time() - t0
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig, rows, extra, where", [
+    (signal.SIGTERM, 4, (), "generation"),  # the searchers are generating, the trainer training
+    (signal.SIGINT, 10, ("eval_every=10", "n_test=500"), "sync round"),  # the step-10 round evaluates 500 problems
+])
+def test_a_signal_to_the_job_stops_every_rank_quietly_and_resumably(tiny_model, tmp_path, sig, rows, extra, where):
+    out = str(tmp_path / "run")
+    rc, output, seconds = stop_with(sig, out, rows, extra)
+    name = signal.Signals(sig).name
+    lines = [line for line in output.splitlines() if line.strip()]
+    assert rc == 128 + sig and seconds < 20, (rc, seconds, output[-3000:])  # 143 / 130: stopped, resumable
+    assert len(lines) == 1 and lines[0].startswith(f"stopped by {name} at step "), output[-3000:]  # ours, no traceback
+    step = int(lines[0].split(" at step ")[1].split(";")[0])
+    assert lines[0].endswith(f"checkpoint {out}/checkpoints/step_{step}; continue with resume=auto")
+    assert checkpoint.step_of(os.path.join(out, "checkpoints", f"step_{step}")) == step
+    if where == "sync round":  # step 10 trained, its round (evaluation) was cut: no eval_step10.jsonl
+        assert step == 10 and not os.path.exists(os.path.join(out, "eval_step10.jsonl"))
+    time.sleep(1)
+    assert leftovers(out) == []
