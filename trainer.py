@@ -417,3 +417,4 @@ def run(cfg, comm, ctx):
     print(f"done: {state.step} steps in {state.timers.elapsed():.0f}s; eval " + ", ".join(
         f"{k} {state.eval_start.get(k, float('nan')):.3f} -> {state.last_eval[k]:.3f}" for k in metrics)
         + f"; out_dir {cfg.out_dir}", flush=True)
+    print(f"look: python tables.py {cfg.out_dir}  |  tensorboard --logdir {cfg.out_dir}/tb", flush=True)
