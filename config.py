@@ -81,8 +81,8 @@ class Config:
                                         "(0 = no cap; backpressure for shared CPUs)", ge=0)
     temperature: float = key(0.7, "sampling temperature; log-probs everywhere use logits / temperature "
                                   "(paper T = 0.7)", gt=0)
-    max_new_tokens: int = key(24, "response length cap (paper: 512); lowered, with a warning, to what the model's "
-                                  "positions leave after the longest prompt", ge=1)
+    max_new_tokens: int = key(24, "response length cap (paper: 512); with vLLM lowered, with a warning, to what the "
+                                  "model's positions leave after the longest prompt", ge=1)
     hf_static_cache: bool = key(True, "HF engine on GPU: static KV cache (3.4x faster decode on an H200; "
                                       "compiles per shape)")
     vllm_gpu_memory_utilization: float = key(0.2, "fraction of a GPU the vLLM engines on it take together: with a "
