@@ -13,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, torchrun
+from conftest import ROOT, free_port, torchrun
 
 
 def run_checked(args, out_dir):
@@ -101,3 +101,28 @@ def test_help_lists_every_config_key():
         assert p.returncode == 0 and p.stderr == "", p.stderr[-2000:]
         for f in fields(Config):
             assert f"  {YAML_NAMES.get(f.name, f.name)} " in p.stdout, f.name
+
+
+def test_two_nodes_on_one_machine_run_the_tiny_config(tiny_model, tmp_path):
+    """Multi-node as launch.sh documents it (NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT, NPROC_PER_NODE): node 0 runs
+    the trainer and one searcher, node 1 the other searcher; both exit 0 and the run is written once, by rank 0."""
+    out, port = tmp_path / "run", str(free_port())
+    args = ["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", "steps=4", "n_test=16", "engine=hf",
+            f"out_dir={out}", "progress=false"]
+    env = dict(os.environ, NNODES="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=port, HF_HUB_OFFLINE="1")
+    nodes = [subprocess.Popen(args, cwd=ROOT, env=dict(env, NODE_RANK=str(r), NPROC_PER_NODE=str(n)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+             for r, n in ((0, 2), (1, 1))]
+    try:
+        outputs = [p.communicate(timeout=600)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                os.killpg(p.pid, 9)
+    assert [p.returncode for p in nodes] == [0, 0], outputs
+    assert outputs[0].count("done: 4 steps") == 1 and "done:" not in outputs[1]
+    rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4] and json.load(open(out / "summary.json"))["steps"] == 4
+    # each searcher evaluates its share of the test set (ids r - 1, r - 1 + 2, ...): node 1's searcher (rank 2) answered
+    ids = [json.loads(line)["id"] for line in open(out / "eval_step4.jsonl")]
+    assert ids == list(range(16)) and rows[-1]["sync/samples"] > 0
