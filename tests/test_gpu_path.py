@@ -26,7 +26,7 @@ import train
 import transport
 from comm import Comm
 from config import Config, ConfigError
-from conftest import ROOT, TINY
+from conftest import ROOT
 from policy import ModelError, fit_new_tokens, load_tokenizer
 
 TIMEOUT = datetime.timedelta(seconds=123)
