@@ -6,7 +6,7 @@
         searchers.pth       {rank: sync.ShardPlace}: each searcher's place in its prompt shard and its RNG states,
                             as of the last sync round (each searcher reads its own)
         ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0; searchers read it)
-        meta.json           {"step": N}, written last
+        meta.json           {"step": N, "weight_delay": D}, written last
 
 A checkpoint is written into NAME.tmp/ and renamed to NAME when complete, so a crash in the middle of a save leaves
 every earlier checkpoint intact; `latest` only considers directories with meta.json and never *.tmp.
@@ -37,18 +37,25 @@ def save(path, model, tok, state):
     if ref_weights is not None:
         torch.save(ref_weights, os.path.join(tmp, "ref.pth"))
     with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump({"step": state["step"]}, f)
+        json.dump({"step": state["step"], **state.get("meta", {})}, f)
     shutil.rmtree(path, ignore_errors=True)  # re-saving the same step (a resumed run): the old copy goes last
     os.replace(tmp, path)
 
 
-def step_of(path):
-    """The step a complete checkpoint holds, or None when `path` is not one."""
+def meta(path):
+    """A complete checkpoint's meta.json ({"step": N, and the settings a resume must keep}), or {} when `path` is
+    not one."""
     try:
         with open(os.path.join(path, "meta.json")) as f:
-            return int(json.load(f)["step"])
+            found = json.load(f)
+        return dict(found, step=int(found["step"]))
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return {}
+
+
+def step_of(path):
+    """The step a complete checkpoint holds, or None when `path` is not one."""
+    return meta(path).get("step")
 
 
 def latest(ckpt_dir):

@@ -103,9 +103,17 @@ class Config:
                           ge=0)
     per_prompt_cap: int = key(100, "samples kept per prompt, oldest evicted first", ge=1)
     initial_buffer: int = key(64, "samples the buffer must hold before the first step (paper: 500)", ge=0)
+    max_reuse: float = key(0.0, "replay-ratio cap: the trainer trains on at most max_reuse x the samples generated so "
+                                "far and waits for fresh ones (extra sync rounds without weights) rather than reuse "
+                                "the buffer more; makes learning per step independent of the machine's speed. "
+                                "0 = off: it never waits", ge=0)
 
     section("sync")
     k: int = key(2, "trainer steps between sync rounds (trajectories in, weights out)", ge=1)
+    weight_delay: int = key(0, "D: every sync round sends the searchers the weights of D trainer steps ago (the "
+                               "trainer keeps the last D + 1 versions on the CPU), so every sample is at least D "
+                               "updates stale while everything else stays as it is: emulates a large cluster's lag "
+                               "(staleness studies). The first D steps send the start weights", ge=0)
     weight_transport: str = key("auto", "how weights reach the searchers (auto: nccl with a GPU per rank, ipc on a "
                                         "shared GPU, gloo on CPU)", choices=("auto", "gloo", "nccl", "ipc"))
     bucket_mb: int = key(256, "weights travel in flat buckets of at most this many MiB", ge=1)

@@ -206,8 +206,8 @@ def run(cfg, comm, ctx):
         sync.searcher_round(comm, weights, flags, report, engine, ref_model, prompts[0], evaluate_my_share)
         pending, done_prompts = [], 0
         stats.update(tokens=0, gen_s=0.0)
-        if flags & sync.Flag.WEIGHTS:
-            version = step
+        if flags & sync.Flag.WEIGHTS:  # the weights after trainer step `step`, or step - D with weight_delay = D
+            version = max(step - cfg.weight_delay, 0)
         if flags & sync.Flag.STOP:
             break
     weights.close()

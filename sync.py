@@ -9,7 +9,8 @@ searchers' side are written here next to each other, with the same numbered step
   1. trajectories  each searcher's Report (samples since the last round, counters, its ShardPlace) -> rank 0
   2. train         synchronous mode only: the trainer trains on exactly that data; the searchers wait in step 3
   3. weights       (WEIGHTS) bucketed broadcast from rank 0 (transport.py) -> engine.load_weights; with REF the
-                   searchers' reference model becomes these weights too (TBA', paper section 6)
+                   searchers' reference model becomes these weights too (TBA', paper section 6). They are the
+                   weights after trainer step `step`, or with weight_delay = D after step - D
   4. probe         (PROBE) each searcher's greedy completion of the first training prompt -> rank 0 (check_sync)
   5. evaluation    (EVAL) each searcher's share of the test set -> rank 0 (eval.evaluate)
 After a round with STOP the searchers leave. The trainer's side is split in two (gather: 0-1, push: 3-5) so that
@@ -108,10 +109,11 @@ def trainer_gather(comm, step, flags, announced=False):
     return Gathered(reports, time.perf_counter() - t0)
 
 
-def trainer_push(comm, weights, flags):
-    """3-5. Push the weights; gather the probes and the evaluation results the flags ask for."""
+def trainer_push(comm, weights, flags, source=None):
+    """3-5. Push the weights (the model's current ones, or `source`: weight_delay); gather the probes and the
+    evaluation results the flags ask for."""
     t0 = time.perf_counter()
-    push_s = _collective(weights.push) if flags & Flag.WEIGHTS else 0.0  # 3
+    push_s = _collective(weights.push, source) if flags & Flag.WEIGHTS else 0.0  # 3
     probes = _collective(comm.gather_object, None)[1:] if flags & Flag.PROBE else None  # 4
     t_eval = time.perf_counter()
     evals = _collective(comm.gather_object, None)[1:] if flags & Flag.EVAL else None  # 5

@@ -112,6 +112,10 @@ def find_resume(cfg):
         raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint (no meta.json)")
     if step is not None and step >= cfg.steps:
         raise ConfigError(f"resume: {path} is at step {step} and steps={cfg.steps}; raise steps to continue")
+    written = checkpoint.meta(path).get("weight_delay", 0) if path else cfg.weight_delay
+    if written != cfg.weight_delay:  # its kept weight versions are those of its own delay
+        raise ConfigError(f"resume: {path} was written with weight_delay={written}; resume with that, not "
+                          f"weight_delay={cfg.weight_delay}")
     return path
 
 

@@ -106,13 +106,17 @@ class TrainerState:
         self.ref_version, self.ref_weights = 0, None  # TBA': step of the last reference reset, and those weights
         self.eval_start, self.last_eval = {}, {}  # metrics of the start-of-run and of the latest evaluation
         self.skipped = self.bad_in_a_row = 0  # updates skipped for a non-finite loss or gradient: in all, in a row
+        self.generated = self.trained = 0  # samples gathered from the searchers / trained on, over the whole run
+        self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
         self.timers = Timers()
+        self.meta = {"weight_delay": cfg.weight_delay}  # in the checkpoint's meta.json: a resume must match it
 
     def state_dict(self):
-        return dict(step=self.step, optimizer=self.opt.state_dict(), buffer=self.buffer.state_dict(),
+        return dict(meta=self.meta, step=self.step, optimizer=self.opt.state_dict(), buffer=self.buffer.state_dict(),
                     torch_rng=torch.get_rng_state(), places=self.places, ref_version=self.ref_version,
                     ref_weights=self.ref_weights, eval_start=self.eval_start, last_eval=self.last_eval,
-                    skipped=self.skipped, bad_in_a_row=self.bad_in_a_row, timers=self.timers.state_dict())
+                    skipped=self.skipped, bad_in_a_row=self.bad_in_a_row, generated=self.generated,
+                    trained=self.trained, versions=self.versions, timers=self.timers.state_dict())
 
     def load_state_dict(self, state):
         self.opt.load_state_dict(state["optimizer"])
@@ -120,8 +124,24 @@ class TrainerState:
         torch.set_rng_state(state["torch_rng"])
         self.timers.load_state_dict(state["timers"])
         for key in ("step", "places", "ref_version", "ref_weights", "eval_start", "last_eval", "skipped",
-                    "bad_in_a_row"):
+                    "bad_in_a_row", "generated", "trained", "versions"):
             setattr(self, key, state[key])
+
+    def keep_version(self, delay):
+        """weight_delay = D: keep a CPU copy of the weights after self.step, drop those older than step - D."""
+        if delay:
+            weights = self.model.state_dict()
+            self.versions[self.step] = {n: t.detach().to("cpu", copy=True) for n, t in weights.items()}
+            for v in [v for v in self.versions if v < self.step - delay]:
+                del self.versions[v]
+
+    def version_for(self, step, delay):
+        """The weights the round at `step` sends: (their step, {name: tensor}), or (step, None) for the model's
+        current ones (D = 0). With D > 0 they are step - D's, or the start weights while step < D."""
+        if not delay:
+            return step, None
+        version = max(step - delay, min(self.versions))
+        return version, self.versions[version]
 
 
 class Stop(Exception):
@@ -185,8 +205,10 @@ def train_step(cfg, state, prompts, loss_fn, step):
     else:  # skip this update; max_bad_steps in a row stop the run (stop_reason)
         opt.zero_grad(set_to_none=True)
     state.skipped += not finite
+    state.trained += len(flat)
     state.bad_in_a_row = 0 if finite else state.bad_in_a_row + 1
     state.step = step
+    state.keep_version(cfg.weight_delay)
     if next(model.parameters()).is_cuda:
         torch.cuda.synchronize()
     train_s = time.perf_counter() - t0
@@ -224,10 +246,12 @@ def gather(comm, state, step, flags, announced=False):
     got = sync.trainer_gather(comm, step, flags, announced)
     samples = [s for report in got.reports for s in report.samples]
     new = state.buffer.add(samples)
+    state.generated += len(samples)
     state.places.update({rank: report.place for rank, report in enumerate(got.reports, 1)})
     state.timers.sync_s += got.seconds
     tokens, gen_s = sum(r.tokens for r in got.reports), sum(r.gen_s for r in got.reports)
     row = {"sync/seconds": got.seconds, "sync/samples": len(samples), "sync/new_samples": new,
+           "sync/replay_ratio": state.trained / max(state.generated, 1),
            "search/tokens_per_s": tokens / gen_s if gen_s else 0.0,
            "search/reward_errors": sum(r.reward_errors for r in got.reports)}
     if samples:
@@ -239,16 +263,20 @@ def push(cfg, comm, weights, state, tok, probe_prompt, step, flags, row):
     """Round steps 3-5: the weights out (kept as TBA's reference with REF), the probe compared, the evaluation
     merged and written to eval_stepN.jsonl. Returns `row` (the step's metrics so far, from gather() on) with the
     round's: sync/seconds counts steps 0-1 and 3-5, not a train step between them."""
-    got = sync.trainer_push(comm, weights, flags)
+    version, old = state.version_for(step, cfg.weight_delay)
+    got = sync.trainer_push(comm, weights, flags, old)
     state.timers.sync_s += got.seconds
     state.timers.eval_s += got.eval_s
     state.timers.rounds += 1
     row = dict(row, **{"sync/push_seconds": got.push_s, "sync/seconds": row["sync/seconds"] + got.seconds})
+    if flags & Flag.WEIGHTS:
+        row["sync/pushed_version"] = version
     if flags & Flag.REF:  # the searchers' pi_ref is now the pushed weights: keep them for checkpoints
         state.ref_version = step
-        state.ref_weights = {n: t.detach().to("cpu", copy=True) for n, t in state.model.state_dict().items()}
+        state.ref_weights = {n: t.detach().to("cpu", copy=True)
+                             for n, t in (old or state.model.state_dict()).items()}
     if got.probes is not None:
-        mine = greedy_probe(state.model, tok, probe_prompt)
+        mine = greedy_probe(state.model, tok, probe_prompt, old)
         row["sync/probe_match"] = sum(p == mine for p in got.probes) / len(got.probes)
         with open(os.path.join(cfg.out_dir, "sync_probe.jsonl"), "a") as f:
             f.write(json.dumps({"step": step, "trainer": mine, "searchers": got.probes}) + "\n")
@@ -274,12 +302,28 @@ def merge_evals(evals):
 
 
 @torch.no_grad()
-def greedy_probe(model, tok, prompt):
-    """The trainer's greedy completion of `prompt` (check_sync: every searcher's engine must give the same)."""
+def greedy_probe(model, tok, prompt, weights=None):
+    """The trainer's greedy completion of `prompt` (check_sync: every searcher's engine must give the same), with
+    the model's weights or, for weight_delay, with `weights` ({name: tensor}) loaded for the probe only."""
+    current = {n: t.detach().clone() for n, t in model.state_dict().items()} if weights is not None else None
+    if weights is not None:
+        model.load_state_dict(weights, strict=False)
     ids = torch.tensor([prompt], device=next(model.parameters()).device)
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                          max_new_tokens=sync.PROBE_TOKENS, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    if current is not None:
+        model.load_state_dict(current, strict=False)
     return trim_at_eos(out[0, ids.shape[1]:].tolist(), tok.eos_token_id)
+
+
+def wait_for_fresh(cfg, comm, state):
+    """max_reuse: before a step, sync rounds without weights until the next B x K samples keep the samples trained
+    on within max_reuse x those generated (0: never wait). Returns the step's waiting metrics."""
+    t0, rounds = time.perf_counter(), 0
+    while cfg.max_reuse and state.trained + cfg.B * cfg.K > cfg.max_reuse * state.generated:
+        gather(comm, state, state.step, Flag.NONE)
+        rounds += 1
+    return {"sync/reuse_wait_rounds": rounds, "time/reuse_wait_seconds": time.perf_counter() - t0}
 
 
 # ---------------------------------------------------------------- why a run stops
@@ -325,6 +369,9 @@ def save(cfg, state, tok, name=None):
 
 def write_summary(cfg, state, row, resumed_from):
     summary = {"steps": state.step, **state.timers.summary(), "skipped_updates": state.skipped,
+               "samples_generated": state.generated, "samples_trained": state.trained,
+               "replay_ratio": state.trained / max(state.generated, 1),
+               "fresh_samples_per_step": state.generated / max(state.step, 1),
                "resumed_from": resumed_from, "eval_start": state.eval_start, "eval_end": state.last_eval,
                "final": {k: v for k, v in row.items() if isinstance(v, (int, float))}}
     tmp = os.path.join(cfg.out_dir, "summary.json.tmp")
@@ -353,6 +400,8 @@ def run(cfg, comm, ctx):
         state.load_state_dict(checkpoint.load_state(ctx.resume))
         print(f"resumed from {ctx.resume} (step {state.step}, buffer {len(state.buffer)} samples)", flush=True)
     start = state.step
+    if not state.versions:  # weight_delay: the start weights (a resumed run has its last D + 1 versions)
+        state.keep_version(cfg.weight_delay)
     log = Logger(cfg.out_dir, start)
     signalled = catch_signals()
     row = {}  # the metrics of the step being run
@@ -371,6 +420,7 @@ def run(cfg, comm, ctx):
                     desc="train", dynamic_ncols=True)
         for step in pbar:
             t_step = time.perf_counter()
+            waited = wait_for_fresh(cfg, comm, state)
             last = step == cfg.steps or bool(cfg.time_budget_min and state.timers.elapsed() / 60 > cfg.time_budget_min)
             evaluate = last or bool(cfg.eval_every and step % cfg.eval_every == 0)
             flags = sync.flags_for(cfg, step, state.ref_version, evaluate=evaluate, stop=last)
@@ -388,6 +438,7 @@ def run(cfg, comm, ctx):
             else:
                 row = train_step(cfg, state, prompts, loss_fn, step)
             step_s = time.perf_counter() - t_step
+            row.update(waited)
             row.update({"time/step_seconds": step_s, "time/wait_seconds": step_s - row["time/train_seconds"],
                         "time/elapsed_seconds": state.timers.elapsed()})
             log.log(step, row)

@@ -95,16 +95,17 @@ class WeightTransport:
         if self.comm.rank != 0:
             self.flat = [fn(*args) for fn, args in handles]  # views of the trainer's bucket memory
 
-    def _fill(self):
+    def _fill(self, source):
         with torch.no_grad():
             for flat, bucket in zip(self.flat, self.buckets):
                 for name, shape, off, numel in bucket:
-                    flat[off : off + numel].copy_(self.params[name].detach().reshape(-1))
+                    flat[off : off + numel].copy_(source[name].detach().reshape(-1))
 
-    def push(self):
-        """Rank 0: send the current weights. Returns seconds spent."""
+    def push(self, source=None):
+        """Rank 0: send the model's current weights, or `source` ({name: tensor}, e.g. an older version kept for
+        weight_delay). Returns seconds spent."""
         t0 = time.perf_counter()
-        self._fill()
+        self._fill(self.params if source is None else source)
         if self.kind == "ipc":
             torch.cuda.synchronize()
             self.comm.barrier()  # buckets ready
