@@ -4,11 +4,14 @@
     python tables.py out/a out/b --group-by m,k --csv runs.csv   # explicit grouping, also write the table as CSV
     python tables.py out/sweep/* --plot curves.png               # default plot: tables.png here; --no-plot to skip
     python tables.py out/tldr/* --metric win_rate                # another eval metric the task logs (default accuracy)
+    python tables.py out/staleness/seed*/* --against weight_delay  # final / best against one key, a line per group
 
 A run dir holds config.yaml, metrics.jsonl and summary.json (see README). Runs without summary.json (crashed or
 unfinished) are named in one warning and skipped. Rates (accuracy, win_rate, attack_success_rate) are in percent,
 other metrics as logged; "a ± b" is mean ± standard error over the seeds of a group (std / sqrt(n)); a group of one
 seed shows the bare value. gain = final - start; best = the best evaluation of the run (lowest for perplexity).
+With --against KEY: drop = final - final of the same group at KEY's smallest value; collapsed = runs that ended below
+their start.
 """
 import argparse
 import csv
@@ -20,7 +23,7 @@ import sys
 import numpy as np
 import yaml
 
-IGNORE = ("seed", "out_dir")
+IGNORE = ("seed", "out_dir", "resume", "overwrite", "progress")  # never a reason to group runs apart
 ALIASES = {"async": "asynchronous"}  # command-line spelling -> config.yaml key
 PERCENT = ("accuracy", "win_rate", "attack_success_rate")  # fractions, shown in percent
 LOWER_IS_BETTER = ("perplexity",)
@@ -126,6 +129,55 @@ def plot(groups, path, metric="accuracy"):
     print(f"plot: {path}")
 
 
+def against_table(groups, keys, against, names, scale, digits, what):
+    """--against: one row per (group of the other keys, value of `against`), with the drop from the group's smallest
+    value and the runs that collapsed. Returns {group label: [(value, final (mean, se), best (mean, se))]}."""
+    at = keys.index(against)
+    others = [n for i, n in enumerate(names) if i != at]
+    header = (others or ["group"]) + [names[at], "n", f"final {what}", f"best {what}", "drop (pts)", "collapsed"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    lines = {}
+    for values, members in sorted(groups.items(), key=lambda g: sort_key(g[0][:at] + g[0][at + 1:] + g[0][at:at + 1])):
+        label = ", ".join(f"{n}={v}" for n, v in zip(others, values[:at] + values[at + 1:])) or "all"
+        final, best = (mean_se([r["stats"][k] for r in members], scale) for k in ("final", "best"))
+        lines.setdefault(label, []).append((values[at], final, best))
+        drop = final[0] - lines[label][0][1][0]
+        collapsed = sum(r["stats"]["final"] < r["stats"]["start"] for r in members)
+        cells = [str(v) for i, v in enumerate(values) if i != at] or ["all"]
+        cells += [str(values[at]), str(len(members)), fmt(*final, digits), fmt(*best, digits), f"{drop:+.{digits}f}",
+                  f"{collapsed}/{len(members)}"]
+        print("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def plot_against(lines, against, path, what):
+    """Final and best against `against` (its values evenly spaced), one line per group, s.e. as error bars."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed, no plot (pip install matplotlib)")
+        return
+    ticks = sorted({v for points in lines.values() for v, _, _ in points}, key=lambda v: sort_key([v]))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    for ax, which, title in zip(axes, (1, 2), ("final", "best")):
+        for i, (label, points) in enumerate(lines.items()):
+            xs = [ticks.index(p[0]) + (i - len(lines) / 2) * 0.03 for p in points]  # a little dodge per line
+            ax.errorbar(xs, [p[which][0] for p in points], yerr=[p[which][1] or 0 for p in points], marker="o",
+                        capsize=3, color=f"C{i % 10}", label=label)
+        ax.set_xticks(range(len(ticks)), [str(t) for t in ticks])
+        ax.set_xlabel(against)
+        ax.set_ylabel(f"{title} {what}")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"plot: {path}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="*", help="run directories")
@@ -133,6 +185,8 @@ def main():
     p.add_argument("--plot", default="tables.png", help="PNG path for the curves (default: tables.png)")
     p.add_argument("--no-plot", action="store_true", help="skip the plot")
     p.add_argument("--csv", default="", help="also write the table (numbers, s.e. in own columns) to this CSV")
+    p.add_argument("--against", default="", help="a numeric config key: final and best against it, a line per "
+                   "group of the other keys that differ (e.g. weight_delay)")
     p.add_argument("--metric", default="accuracy", help="the eval metric to compare (accuracy, win_rate, perplexity, "
                    "attack_success_rate, diversity, log_p_toxic, or any eval/<name> the task logs)")
     args = p.parse_args()
@@ -165,6 +219,15 @@ def main():
     pct = args.metric in PERCENT
     scale, digits = (100.0, 1) if pct else (1.0, 3)
     what = ("acc" if args.metric == "accuracy" else args.metric) + (" %" if pct else "")
+    if args.against:
+        against = ALIASES.get(args.against, args.against)
+        if against not in keys:
+            fail(f"--against: '{args.against}' does not differ between these runs (they differ in: "
+                 f"{', '.join(names) or 'nothing'})")
+        lines = against_table(groups, keys, against, names, scale, digits, what)
+        if not args.no_plot:
+            plot_against(lines, args.against, args.plot, what)
+        return
     header = (names or ["group"]) + ["n", f"final {what}", f"best {what}", f"start {what}", "gain (pts)" if pct else "gain",
                                      "wall min", "steps/min"]
     print("| " + " | ".join(header) + " |")

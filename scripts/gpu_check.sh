@@ -1,85 +1,124 @@
 #!/usr/bin/env bash
-# GPU check on ONE GPU (about 5 minutes): the single-GPU workstation layout, trainer + 1 searcher sharing the GPU.
-#  1. weight transport alone: a TinyLlama-1.1B-shaped model, CUDA IPC, verified bit for bit, timed
-#  2. the real loop: train.py with that model (random weights, bf16), HF engine, GSM8K batch shape (7 prompts x K=20,
-#     S=20, 512 new tokens); logs sync seconds, trainer tokens/s, MFU and peak memory per step
-#  3. bare forward+backward of one micro-batch of the same shape, for the MFU the loop is compared with
-# Needs .cache/tiny-arith/sft (its tokenizer is reused). Results: $OUT (default out/gpu_check), table at the end.
-#   SHAPE=tiny bash scripts/gpu_check.sh     # dry run of the same script on a CPU box
+# The first thing to run on a new GPU node: bash scripts/gpu_check.sh (under 5 minutes on one node).
+# It checks every layout the node allows: with 2+ GPUs "own" (a GPU per rank, weights by NCCL) and "shared" (every rank
+# on one GPU, CUDA IPC); with 1 GPU shared only; without a GPU a CPU dry run (gloo, tiny model only). Per layout:
+#  1. weight transport alone (scripts/check_transport.py): 5 pushes of the 1.1B shape (CPU: tiny), bit-exact, timed
+#  2. train.py, trainer + 1 searcher, 4 steps, check_sync=true, for the tiny model (.cache/tiny-arith/sft) and a
+#     TinyLlama-1.1B-shaped model (random bf16 weights built here, no download); engine vllm if it imports, else hf
+# and once: 3. a bare forward+backward+AdamW of one micro-batch, the MFU the loop is compared with.
+# Prints one PASS/FAIL table (probe match, sync and push seconds, MFU, trainer and searcher tokens/s, peak memory; by
+# scripts/gpu_check_table.py) and exits 1 when a check failed. Every step has a timeout, all share BUDGET_S seconds.
+# Env: OUT (results, logs: out/gpu_check), PY (python3), SHAPE (all | tiny | 1b; CPU: tiny), ENGINE (vllm | hf),
+#      PEAK_TFLOPS (790, the H200's measured bf16 peak: set yours for the MFU), BUDGET_S (300).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-out/gpu_check}; SHAPE=${SHAPE:-tinyllama}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=${OMP_NUM_THREADS:-4}
-PY=${PY:-python3}
-nvidia-smi -L 2>/dev/null; $PY -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+OUT=${OUT:-out/gpu_check}; PY=${PY:-python3}; BUDGET_S=${BUDGET_S:-300}; PEAK_TFLOPS=${PEAK_TFLOPS:-790}
+mkdir -p "$OUT"; : > "$OUT/checks.tsv"
+export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+if [ ! -d .cache/tiny-arith/sft ]; then  # a fresh clone: the tiny model is built once (about 2 min, not in BUDGET_S)
+  echo "== building the tiny model in .cache/tiny-arith/sft"
+  timeout 900 $PY scripts/make_tiny.py --out .cache/tiny-arith/sft
+fi
+START=$SECONDS; PORT=$((29500 + RANDOM % 400))
 
-echo "== 1. weight transport"
-$PY -m torch.distributed.run --nproc_per_node=2 --master_port=29511 scripts/check_transport.py --shape "$SHAPE" \
-  --pushes 5 --json "$OUT/transport.json" 2>&1 | grep -v "^W1" | tail -2
+# check CASE KIND RESULT CAP CMD...: CMD under a timeout (CAP seconds or what is left of BUDGET_S), its output in
+# $OUT/CASE.log, one line in $OUT/checks.tsv for the table
+check() {
+  local case=$1 kind=$2 result=$3 cap=$4 rc=124; shift 4
+  local t=$((BUDGET_S - (SECONDS - START))); [ "$cap" -lt "$t" ] && t=$cap
+  echo "== $case (timeout ${t}s)"
+  if [ "$t" -ge 10 ]; then
+    timeout -k 10 "$t" "$@" > "$OUT/$case.log" 2>&1; rc=$?
+  else
+    echo "not run: no time left of BUDGET_S=$BUDGET_S" > "$OUT/$case.log"
+  fi
+  printf '%s\t%s\t%s\t%s\t%s\n' "$case" "$kind" "$rc" "$result" "$OUT/$case.log" >> "$OUT/checks.tsv"
+  PORT=$((PORT + 1))
+}
 
-echo "== 2. the real loop"
-$PY - "$SHAPE" <<'PYEOF'
-import sys, torch
+timeout 30 nvidia-smi -L 2>/dev/null
+timeout 120 $PY -c "import torch, transformers as t; print('torch', torch.__version__, 'transformers', t.__version__)"
+# the node's GPUs as train.py sees them (train.GPUS: CUDA_VISIBLE_DEVICES, else nvidia-smi), none without CUDA in torch
+GPUS=$(timeout 120 $PY -c "import train, torch; print(','.join(train.GPUS) if torch.cuda.is_available() else '')" \
+  2>/dev/null | tail -1)
+ENGINE=${ENGINE:-$(timeout 120 $PY -c "import vllm" >/dev/null 2>&1 && echo vllm || echo hf)}
+IFS=, read -ra G <<< "$GPUS"
+if [ ${#G[@]} -ge 2 ]; then LAYOUTS="own shared"; elif [ ${#G[@]} -eq 1 ]; then LAYOUTS=shared; else LAYOUTS=cpu; fi
+SHAPE=${SHAPE:-all}; DTYPE=bfloat16; PEAK=$PEAK_TFLOPS
+[ ${#G[@]} -eq 0 ] && SHAPE=${SHAPE/all/tiny} && DTYPE=float32 && PEAK=0  # CPU dry run
+MODELS=$SHAPE; [ "$SHAPE" = all ] && MODELS="tiny 1b"
+TSHAPE=tiny; [ "$SHAPE" != tiny ] && TSHAPE=tinyllama
+echo "GPUs: ${GPUS:-none}; layouts: $LAYOUTS; models: $MODELS; engine: $ENGINE; results: $OUT"
+
+if [[ " $MODELS " == *" 1b "* ]] && [ ! -d "$OUT/model_1b" ]; then
+  echo "== building the 1.1B-shaped random model in $OUT/model_1b"
+  CUDA_VISIBLE_DEVICES=${G[0]:-} timeout 300 $PY - "$OUT/model_1b" <<'PYEOF'
+import os, sys, torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-shapes = {"tiny": dict(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=4, head_dim=32),
-          "tinyllama": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                            num_attention_heads=32, num_key_value_heads=4)}
-tok = AutoTokenizer.from_pretrained(".cache/tiny-arith/sft")
-cfg = LlamaConfig(**shapes[sys.argv[1]], tie_word_embeddings=False, max_position_embeddings=2048,
+tok = AutoTokenizer.from_pretrained(".cache/tiny-arith/sft")  # its tokenizer: the arith task's prompts
+cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                  num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False,
+                  max_position_embeddings=2048,
                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
 torch.manual_seed(0)
-dev = "cuda" if torch.cuda.is_available() else "cpu"
-with torch.device(dev):
-    m = LlamaForCausalLM(cfg).to(torch.bfloat16 if dev == "cuda" else torch.float32)
-m.save_pretrained("/tmp/gpu_check_model"); tok.save_pretrained("/tmp/gpu_check_model")
-print("model", sum(p.numel() for p in m.parameters()), "params")
+with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16)
+model.save_pretrained(sys.argv[1] + ".tmp"); tok.save_pretrained(sys.argv[1] + ".tmp")
+os.replace(sys.argv[1] + ".tmp", sys.argv[1])
+print("model", sum(p.numel() for p in model.parameters()), "parameters")
 PYEOF
-DT=bfloat16; [ "$SHAPE" = tiny ] && DT=float32
-timeout 420 $PY -m torch.distributed.run --nproc_per_node=2 --master_port=29512 train.py configs/tiny.yaml \
-  out_dir="$OUT/run" model=/tmp/gpu_check_model dtype=$DT engine=hf n_searchers=1 B=7 K=20 S=20 chunk_prompts=7 \
-  max_new_tokens=512 micro_batch=20 steps=6 k=2 initial_buffer=140 n_test=32 eval_max_new_tokens=32 eval_every=0 \
-  max_prompts_per_round=0 lr=1e-5 peak_tflops=790 check_sync=true time_budget_min=5 progress=false overwrite=true 2>&1 \
-  | grep -v "^W1" | tail -5
+fi
 
-echo "== 3. bare forward+backward, one micro-batch of 20 x 552 tokens"
-$PY - <<'PYEOF' | tee "$OUT/bare.txt"
-import time, torch
+STEPS="n_searchers=1 steps=4 k=2 B=4 K=8 S=8 chunk_prompts=2 max_prompts_per_round=0 initial_buffer=32 micro_batch=32
+  n_test=8 eval_every=0 eval_max_new_tokens=16 time_budget_min=0 check_sync=true progress=false overwrite=true"
+for LAYOUT in $LAYOUTS; do
+  case $LAYOUT in
+    own) CVD=${G[0]},${G[1]}; WT=nccl ;;
+    shared) CVD=${G[0]}; WT=ipc ;;
+    cpu) CVD=; WT=gloo ;;
+  esac
+  check "$LAYOUT-transport" transport "$OUT/$LAYOUT-transport.json" 120 env CUDA_VISIBLE_DEVICES=$CVD \
+    $PY -m torch.distributed.run --nproc_per_node=2 --master_port=$PORT scripts/check_transport.py --shape $TSHAPE \
+    --transport $WT --pushes 5 --json "$OUT/$LAYOUT-transport.json"
+  for M in $MODELS; do
+    if [ "$M" = tiny ]; then MODEL=.cache/tiny-arith/sft; EXTRA=; CAP=150
+    else MODEL=$OUT/model_1b; CAP=200
+      EXTRA="B=8 K=16 S=16 chunk_prompts=4 initial_buffer=128 max_new_tokens=128"  # GSM8K-like lengths, 4 steps
+    fi
+    check "$LAYOUT-$M-$ENGINE" train "$OUT/$LAYOUT-$M" $CAP env CUDA_VISIBLE_DEVICES=$CVD \
+      $PY -m torch.distributed.run --nproc_per_node=2 --master_port=$PORT train.py configs/tiny.yaml \
+      out_dir="$OUT/$LAYOUT-$M" model="$MODEL" dtype=$DTYPE engine=$ENGINE weight_transport=$WT peak_tflops=$PEAK \
+      $STEPS $EXTRA
+  done
+done
+
+BARE=tiny; BARE_MODEL=.cache/tiny-arith/sft; [ "$TSHAPE" = tinyllama ] && BARE=1b && BARE_MODEL=$OUT/model_1b
+check "bare-$BARE" bare "$OUT/bare.json" 90 env CUDA_VISIBLE_DEVICES=${G[0]:-} $PY - "$BARE_MODEL" "$OUT/bare.json" \
+  "$PEAK" <<'PYEOF'
+# bare forward + backward + AdamW of one micro-batch: 20 x 552 tokens on a GPU (GSM8K's shape), 8 x 128 on a CPU
+import json, sys, time, torch
 from transformers import AutoModelForCausalLM
 dev = "cuda" if torch.cuda.is_available() else "cpu"
-m = AutoModelForCausalLM.from_pretrained("/tmp/gpu_check_model").to(dev)
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16 if dev == "cuda" else torch.float32).to(dev)
 opt = torch.optim.AdamW(m.parameters(), lr=1e-5)
-x = torch.randint(0, 100, (20, 552), device=dev)
+n, L = (20, 552) if dev == "cuda" else (8, 128)
+L = min(L, m.config.max_position_embeddings)
+x = torch.randint(0, 100, (n, L), device=dev)
 def step():
     loss = m(input_ids=x, labels=x).loss; loss.backward(); opt.step(); opt.zero_grad()
 for _ in range(2): step()
 if dev == "cuda": torch.cuda.synchronize()
-t = time.perf_counter(); n = 5
-for _ in range(n): step()
+t = time.perf_counter(); reps = 5
+for _ in range(reps): step()
 if dev == "cuda": torch.cuda.synchronize()
-dt = (time.perf_counter() - t) / n
-N = sum(p.numel() for p in m.parameters())
-print(f"bare fwd+bwd+AdamW: {dt:.3f} s per micro-batch, {20*552/dt:.0f} tok/s, MFU {6*N*20*552/dt/790e12:.1%}")
+dt = (time.perf_counter() - t) / reps
+N, peak = sum(p.numel() for p in m.parameters()), float(sys.argv[3])
+res = {"what": f"bare fwd+bwd+AdamW, {n} x {L} tokens", "seconds": dt, "tokens_per_s": n * L / dt,
+       "mfu": 6 * N * n * L / dt / (peak * 1e12) if peak else 0.0,
+       "peak_memory_gb": torch.cuda.max_memory_allocated() / 2**30 if dev == "cuda" else 0.0}
+print(json.dumps(res)); json.dump(res, open(sys.argv[2], "w"))
 PYEOF
 
-echo "== summary"
-$PY - "$OUT" <<'PYEOF'
-import json, sys, statistics as st
-out = sys.argv[1]
-t = json.load(open(f"{out}/transport.json"))
-rows = [json.loads(l) for l in open(f"{out}/run/metrics.jsonl")]
-s = json.load(open(f"{out}/run/summary.json"))
-tr = [r for r in rows if "train/loss" in r]
-push = [r["sync/push_seconds"] for r in rows if r.get("sync/push_seconds")]
-def med(k): v = [r[k] for r in tr if k in r]; return st.median(v) if v else float("nan")
-print(f"| transport ({t['transport']}, {t['bytes']/1e9:.2f} GB, {t['buckets']} buckets, verified) | median push {t['push_seconds_median']*1e3:.1f} ms |")
-print(f"| loop: push seconds in sync rounds | mean {st.mean(push):.3f} s, max {max(push):.3f} s |")
-print(f"| loop: sync round seconds | mean {st.mean([r['sync/seconds'] for r in rows if 'sync/seconds' in r]):.2f} s |")
-print(f"| loop: trainer tokens/s (median step) | {med('perf/train_tokens_per_s'):.0f} |")
-print(f"| loop: MFU (median step) | {med('perf/mfu'):.1%} |")
-print(f"| loop: train seconds / step seconds (median) | {med('time/train_seconds'):.2f} / {med('time/step_seconds'):.2f} |")
-print(f"| loop: peak memory (trainer) | {max(r.get('perf/peak_memory_gb', 0) for r in tr):.1f} GB |")
-print(f"| loop: searcher tokens/s (HF engine) | {st.median([r['search/tokens_per_s'] for r in rows if r.get('search/tokens_per_s')]):.0f} |")
-print(f"| loop: probe match after pushes | {[r['sync/probe_match'] for r in rows if 'sync/probe_match' in r]} |")
-print(f"| loop: steps, wall, trainer busy | {s['steps']}, {s['wall_seconds']:.0f} s, {s['trainer_busy_fraction']:.0%} |")
-PYEOF
+echo "== results ($((SECONDS - START)) s; logs and runs in $OUT)"
+timeout 60 $PY scripts/gpu_check_table.py "$OUT/checks.tsv" | tee "$OUT/table.txt"
+exit "${PIPESTATUS[0]}"

@@ -7,6 +7,7 @@ that a CUDA IPC view is read after the copies finish (no CUDA). The calls that m
 """
 import datetime
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -324,3 +325,37 @@ def test_each_searcher_gets_its_own_vllm_compile_cache():
         env = {}
         engine.vllm_env(Config(), device, rank, env)
         assert "VLLM_CACHE_ROOT" not in env
+
+
+# ---------------------------------------------------------------- 8. scripts/gpu_check.sh's table
+
+
+def test_gpu_check_table_passes_a_matching_probe_and_fails_any_other(tmp_path):
+    """gpu_check_table.py on fabricated results: PASS rows exit 0; a probe below 1.0 or a failed command exit 1."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text('{"steps": 4, "wall_seconds": 12.0}')
+    transport = tmp_path / "transport.json"
+    transport.write_text('{"transport": "nccl", "bytes": 2200000000, "buckets": 9, "push_seconds_median": 0.01, '
+                         '"verified": true}')
+
+    def table(probes, transport_rc=0):
+        rows = [{"train/loss": 1.0, "perf/train_tokens_per_s": 40000.0, "perf/mfu": 0.35, "perf/peak_memory_gb": 30.0},
+                *({"sync/seconds": 0.2, "sync/push_seconds": 0.01, "search/tokens_per_s": 7000.0,
+                   "sync/probe_match": p} for p in probes)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        checks = tmp_path / "checks.tsv"
+        checks.write_text(f"own-1b-hf\ttrain\t0\t{run}\t{tmp_path}/a.log\n"
+                          f"own-transport\ttransport\t{transport_rc}\t{transport}\t{tmp_path}/b.log\n")
+        return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check_table.py"), str(checks)],
+                              capture_output=True, text=True, timeout=30)
+
+    ok = table([1.0, 1.0])
+    assert ok.returncode == 0, ok.stdout
+    assert "own-1b-hf     | PASS   | 1.0 1.0 | 0.20   | 0.010  | 35.0% | 40000" in ok.stdout
+    assert "2 of 2 checks passed" in ok.stdout
+    bad = table([1.0, 0.5])
+    assert bad.returncode == 1 and "own-1b-hf     | FAIL" in bad.stdout and "1 FAILED" in bad.stdout
+    assert table([], transport_rc=0).returncode == 1  # no probe at all is no check
+    crashed = table([1.0], transport_rc=124)
+    assert crashed.returncode == 1 and "own-transport | FAIL" in crashed.stdout and "(timeout)" in crashed.stdout

@@ -178,3 +178,27 @@ def test_a_rerun_sweep_skips_finished_runs_and_continues_unfinished_ones(tmp_pat
     r = sweep("configs/tiny.yaml", f"out_dir={base}", "seed=0,1", "overwrite=true")  # the user's choice stands
     assert [line for line in r.stdout.splitlines() if line.startswith("[")] == [
         f"[1/2] seed=0 -> {base}/seed0", f"[2/2] seed=1 -> {base}/seed1"]
+
+
+def test_against_a_key_gives_the_drop_and_the_collapses(tmp_path):
+    # (loss, D) -> finals of seeds 0, 1; start 0.40: grpo at D = 4 ends below its start once
+    finals = {("tb", 0): (0.60, 0.62), ("tb", 4): (0.58, 0.60), ("grpo", 0): (0.64, 0.66), ("grpo", 4): (0.30, 0.50)}
+    dirs = []
+    for (loss, d), pair in finals.items():
+        for seed, final in enumerate(pair):
+            dirs.append(str(tmp_path / f"{loss}_{d}_{seed}"))
+            make_run(dirs[-1], 0.95, seed, final, 0.5, 300.0)
+            with open(os.path.join(dirs[-1], "config.yaml"), "w") as f:
+                cfg = Config(out_dir=dirs[-1], seed=seed, steps=STEPS, loss=loss, weight_delay=d)
+                yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+    p = tables(*dirs, "--against", "weight_delay", "--plot", "against.png", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = [line.strip("| ").split(" | ") for line in p.stdout.splitlines() if line.startswith(("| grpo", "| tb"))]
+    assert [r[:2] for r in rows] == [["grpo", "0"], ["grpo", "4"], ["tb", "0"], ["tb", "4"]]
+    assert rows[0][3:7] == ["65.0 ± 1.0", "65.0 ± 1.0", "+0.0", "0/2"]
+    assert rows[1][3] == "40.0 ± 10.0" and rows[1][5:7] == ["-25.0", "1/2"]  # 0.30 < 0.40: collapsed
+    assert rows[3][5:7] == ["-2.0", "0/2"]
+    if importlib.util.find_spec("matplotlib"):
+        assert os.path.getsize(tmp_path / "against.png") > 0
+    p = tables(*dirs, "--against", "m", cwd=tmp_path)
+    assert p.returncode == 2 and "does not differ" in p.stderr
