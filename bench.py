@@ -1,14 +1,19 @@
-"""Benchmark: the same trainer steps asynchronous vs synchronous, and the searchers' throughput inside the pipeline
-vs the same engine alone on the same prompts. A benchmark, not a test: it reports figures, it asserts nothing.
+"""Benchmark: the same trainer steps asynchronous (searchers generating in chunks) vs synchronous vs asynchronous with
+in-flight search (inflight=true, vLLM only), and the searchers' throughput inside the pipeline vs the same engine
+alone on the same prompts. A benchmark, not a test: it reports figures, it asserts nothing.
 
-    python bench.py [CONFIG] [--steps 40] [--repeats 1] [key=value ...]   -> table on stdout, out/bench/bench.json
+    python bench.py [CONFIG] [--steps 40] [--repeats 1] [--modes async,sync,inflight] [key=value ...]
+    -> table on stdout, out/bench/bench.json
 
-Runs `launch.sh CONFIG` with async=true and async=false, alternately, `repeats` times each, with identical settings
-(evaluation only at the start and the end, on 64 problems: it is outside the timed loop anyway), then times one
-searcher's work (generation + reference log-probs + rewards, searcher.search_chunk) in this process with nothing else
-running. The timed loop starts after the initial buffer and leaves out the final evaluation; the speedup is the ratio
-of the mean loop times, the other figures come from the run closest to its mode's mean. On a CPU it also prints the
-most a searcher inside the pipeline can get of its standalone rate when every rank shares the same cores.
+Runs `launch.sh CONFIG` in each mode (async: async=true inflight=false; sync: async=false; inflight: async=true
+inflight=true; the HF engine has no in-flight mode, so that arm is left out with it), alternately, `repeats` times
+each, with identical settings (evaluation only at the start and the end, on 64 problems: it is outside the timed loop
+anyway), then times one searcher's work (generation + reference log-probs + rewards: searcher.search_chunk, and
+searcher.InFlight for the in-flight arm) in this process with nothing else running. The timed loop starts after the
+initial buffer and leaves out the final evaluation; the speedups are ratios of the mean loop times, the other figures
+come from the run closest to its mode's mean. The trainer's wait per sync round is time/wait_seconds of the steps
+with a round (the gather, the push, and waiting for the searchers to join). On a CPU it also prints the most a
+searcher inside the pipeline can get of its standalone rate when every rank shares the same cores.
 """
 import argparse
 import json
@@ -47,12 +52,52 @@ def standalone_tokens_per_s(cfg, n_chunks, warmup=3):
     stats = dict(tokens=0, gen_s=0.0, samples=0, reward_errors=0)
     for c in range(warmup):
         search_chunk(cfg, engine, ref, tok, task, records, prompts, [c], 0, dict(stats))
-    for c in range(n_chunks):
-        pids = list(range(c * cfg.chunk_prompts, (c + 1) * cfg.chunk_prompts))
-        search_chunk(cfg, engine, ref, tok, task, records, prompts, pids, 0, stats)
+    if cfg.inflight and engine.name == "vllm":  # the same prompt visits, kept at max_inflight running sequences
+        from searcher import InFlight, Shard, make_samples
+        shard = Shard(1, 1, len(prompts), cfg.seed)
+        flight = InFlight(cfg, engine, shard, lambda flat: make_samples(cfg, ref, tok, task, records, prompts, flat,
+                                                                        stats), stats)
+        started = 0
+        while started < len(prompts) or engine.flight:
+            started += flight.top_up(len(prompts) - started, prompts)
+            flight.advance()
+        flight.hand_over()
+    else:
+        for c in range(n_chunks):
+            pids = list(range(c * cfg.chunk_prompts, (c + 1) * cfg.chunk_prompts))
+            search_chunk(cfg, engine, ref, tok, task, records, prompts, pids, 0, stats)
     if hasattr(engine, "shutdown"):
         engine.shutdown()
     return stats["tokens"] / stats["gen_s"], engine.name
+
+
+MODES = {"async": ["async=true", "inflight=false"], "sync": ["async=false", "inflight=false"],
+         "inflight": ["async=true", "inflight=true"]}
+
+
+def measure(rows, summary, launch_seconds):
+    """One run's figures from its metrics.jsonl rows (step 0 is the start-of-run evaluation) and summary.json."""
+    syncs = [r["sync/seconds"] for r in rows[1:] if "sync/seconds" in r]
+    waits = [r["time/wait_seconds"] for r in rows[1:] if "sync/seconds" in r]  # the steps with a sync round
+    tps = [r["search/tokens_per_s"] for r in rows[1:] if r.get("search/tokens_per_s")]
+    hist = {}
+    for r in rows[1:]:
+        for j, c in enumerate(r.get("staleness/hist", [])):
+            hist[j] = hist.get(j, 0) + c
+    loop = summary["loop_seconds"] - summary["eval_seconds_total"]  # the final evaluation is not training
+    return {
+        "launch_seconds": launch_seconds, "wall_seconds": summary["wall_seconds"],
+        "loop_seconds": loop, "eval_seconds": summary["eval_seconds_total"], "steps": summary["steps"],
+        "trainer_busy_fraction": summary["train_seconds_total"] / loop,
+        "trainer_cores": summary["loop_cpu_seconds"] / summary["loop_seconds"],  # CPU seconds per second
+        "train_seconds_per_step": st.mean(r["time/train_seconds"] for r in rows[1:]),
+        "wait_seconds_per_step": st.mean(r["time/wait_seconds"] for r in rows[1:]),
+        "round_wait_seconds_median": st.median(waits), "round_wait_seconds_max": max(waits),
+        "sync_seconds_mean": st.mean(syncs), "sync_seconds_median": st.median(syncs), "sync_seconds_max": max(syncs),
+        "push_seconds_mean": st.mean([r["sync/push_seconds"] for r in rows[1:] if "sync/push_seconds" in r]),
+        "searcher_tokens_per_s_median": st.median(tps) if tps else 0.0, "staleness_hist": hist,
+        "mixed_fraction_mean": st.mean(r.get("staleness/mixed_fraction", 0.0) for r in rows[1:]),
+        "fresh_samples_per_step": sum(r.get("sync/samples", 0) for r in rows[1:]) / summary["steps"]}
 
 
 def main():
@@ -60,46 +105,44 @@ def main():
     ap.add_argument("config", nargs="?", default=os.path.join(ROOT, "configs", "tiny.yaml"))
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=1, help="runs of each mode, alternating (figures: medians)")
+    ap.add_argument("--modes", default="async,sync,inflight", help="the arms, of " + ", ".join(MODES))
     ap.add_argument("--chunks", type=int, default=30, help="generation chunks timed for the standalone rate")
     ap.add_argument("--out", default="out/bench")
     args, overrides = ap.parse_known_args()
     if "=" in args.config:  # no config file given, only overrides
         overrides, args.config = [args.config, *overrides], os.path.join(ROOT, "configs", "tiny.yaml")
     overrides = [f"steps={args.steps}", "eval_every=0", "n_test=64", "time_budget_min=0", *overrides]
-    runs = {"async": [], "sync": []}
+    from config import load_config
+    from engine import engine_name
+    cfg = load_config(args.config, overrides)
+    modes = args.modes.split(",")
+    if "inflight" in modes and engine_name(cfg.engine) != "vllm":
+        print("note: no in-flight arm: the HF engine generates in chunks", file=sys.stderr)
+        modes.remove("inflight")
+    runs = {mode: [] for mode in modes}
     for i in range(args.repeats):
         for mode in runs:
             t0 = time.perf_counter()
             out_dir = os.path.join(args.out, mode if args.repeats == 1 else f"{mode}{i}")
-            rows, summary = run(args.config, overrides + [f"async={'true' if mode == 'async' else 'false'}"], out_dir)
-            syncs = [r["sync/seconds"] for r in rows[1:] if "sync/seconds" in r]
-            tps = [r["search/tokens_per_s"] for r in rows[1:] if r.get("search/tokens_per_s")]
-            hist = {}
-            for r in rows[1:]:
-                for j, c in enumerate(r.get("staleness/hist", [])):
-                    hist[j] = hist.get(j, 0) + c
-            loop = summary["loop_seconds"] - summary["eval_seconds_total"]  # the final evaluation is not training
-            runs[mode].append({
-                "launch_seconds": time.perf_counter() - t0, "wall_seconds": summary["wall_seconds"],
-                "loop_seconds": loop, "eval_seconds": summary["eval_seconds_total"], "steps": summary["steps"],
-                "trainer_busy_fraction": summary["train_seconds_total"] / loop,
-                "trainer_cores": summary["loop_cpu_seconds"] / summary["loop_seconds"],  # CPU seconds per second
-                "train_seconds_per_step": st.mean(r["time/train_seconds"] for r in rows[1:]),
-                "wait_seconds_per_step": st.mean(r["time/wait_seconds"] for r in rows[1:]),
-                "sync_seconds_mean": st.mean(syncs), "sync_seconds_max": max(syncs),
-                "push_seconds_mean": st.mean([r["sync/push_seconds"] for r in rows[1:] if "sync/push_seconds" in r]),
-                "searcher_tokens_per_s_median": st.median(tps) if tps else 0.0, "staleness_hist": hist,
-                "fresh_samples_per_step": sum(r.get("sync/samples", 0) for r in rows[1:]) / summary["steps"]})
+            rows, summary = run(args.config, overrides + MODES[mode], out_dir)
+            runs[mode].append(measure(rows, summary, time.perf_counter() - t0))
     res = {}
     for mode, rs in runs.items():  # the run closest to the mean loop time stands for the mode; every run is kept
         mean = st.mean(r["loop_seconds"] for r in rs)
         res[mode] = dict(min(rs, key=lambda r: abs(r["loop_seconds"] - mean)), loop_seconds_mean=mean,
                          loop_seconds_all=[r["loop_seconds"] for r in rs])
-    from config import load_config
-    cfg = load_config(args.config, [o for o in overrides if not o.startswith("async=")])
+    import dataclasses
+    cfg = dataclasses.replace(cfg, inflight=False)
     res["standalone_tokens_per_s"], res["engine"] = standalone_tokens_per_s(cfg, n_chunks=args.chunks)
     res["speedup_sync_over_async"] = res["sync"]["loop_seconds_mean"] / res["async"]["loop_seconds_mean"]
     res["pipeline_vs_standalone"] = res["async"]["searcher_tokens_per_s_median"] / res["standalone_tokens_per_s"]
+    if "inflight" in res:
+        res["standalone_inflight_tokens_per_s"], _ = standalone_tokens_per_s(dataclasses.replace(cfg, inflight=True),
+                                                                             n_chunks=args.chunks)
+        res["speedup_sync_over_inflight"] = res["sync"]["loop_seconds_mean"] / res["inflight"]["loop_seconds_mean"]
+        res["speedup_async_over_inflight"] = res["async"]["loop_seconds_mean"] / res["inflight"]["loop_seconds_mean"]
+        res["inflight_pipeline_vs_standalone"] = (res["inflight"]["searcher_tokens_per_s_median"]
+                                                  / res["standalone_inflight_tokens_per_s"])
     import torch
     if not torch.cuda.is_available():  # every rank shares these cores: the trainer's share is gone for searching
         cores = len(os.sched_getaffinity(0))
@@ -108,29 +151,45 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(res, f, indent=2)
-    a, s = res["async"], res["sync"]
-    print(f"| {args.steps} trainer steps, engine {res['engine']} | async | sync |\n|---|---|---|")
-    print(f"| training loop seconds (after the initial buffer, without the final evaluation) | "
-          f"{a['loop_seconds_mean']:.1f} | {s['loop_seconds_mean']:.1f} |")
+    cols = [m for m in MODES if m in runs]
+    names = {"async": "async (chunks)", "sync": "sync", "inflight": "async in-flight"}
+
+    def line(label, fmt):  # one table row: `fmt(figures of a mode)` per column
+        print(f"| {label} | " + " | ".join(fmt(res[m]) for m in cols) + " |")
+    print(f"| {args.steps} trainer steps, engine {res['engine']} | " + " | ".join(names[m] for m in cols) + " |")
+    print("|---" * (len(cols) + 1) + "|")
+    line("training loop seconds (after the initial buffer, without the final evaluation)",
+         lambda r: f"{r['loop_seconds_mean']:.1f}")
     if args.repeats > 1:
-        print(f"| ... each run | {' / '.join(f'{x:.1f}' for x in a['loop_seconds_all'])} | "
-              f"{' / '.join(f'{x:.1f}' for x in s['loop_seconds_all'])} |")
-    print(f"| train / wait seconds per step | {a['train_seconds_per_step']:.3f} / {a['wait_seconds_per_step']:.3f} | "
-          f"{s['train_seconds_per_step']:.3f} / {s['wait_seconds_per_step']:.3f} |")
-    print(f"| whole run seconds (incl. start eval, buffer fill, end eval) | {a['wall_seconds']:.1f} | {s['wall_seconds']:.1f} |")
-    print(f"| trainer busy (fwd+bwd+opt / loop time) | {a['trainer_busy_fraction']:.0%} | {s['trainer_busy_fraction']:.0%} |")
-    print(f"| trainer CPU use (cores, CPU seconds / loop seconds) | {a['trainer_cores']:.2f} | {s['trainer_cores']:.2f} |")
-    print(f"| sync round seconds, mean / max | {a['sync_seconds_mean']:.2f} / {a['sync_seconds_max']:.2f} | {s['sync_seconds_mean']:.2f} / {s['sync_seconds_max']:.2f} |")
-    print(f"| weight push seconds, mean | {a['push_seconds_mean']:.3f} | {s['push_seconds_mean']:.3f} |")
-    print(f"| searcher tokens/s in the pipeline (median, per searcher) | {a['searcher_tokens_per_s_median']:.0f} | {s['searcher_tokens_per_s_median']:.0f} |")
-    print(f"| fresh samples per step (generated; the step consumes {cfg.B * cfg.K}) | {a['fresh_samples_per_step']:.1f} | "
-          f"{s['fresh_samples_per_step']:.1f} |")
-    print(f"| staleness histogram (updates: samples) | {a['staleness_hist']} | {s['staleness_hist']} |")
+        line("... each run", lambda r: " / ".join(f"{x:.1f}" for x in r["loop_seconds_all"]))
+    line("train / wait seconds per step",
+         lambda r: f"{r['train_seconds_per_step']:.3f} / {r['wait_seconds_per_step']:.3f}")
+    line("trainer wait per sync round, median / max (time/wait_seconds)",
+         lambda r: f"{r['round_wait_seconds_median']:.3f} / {r['round_wait_seconds_max']:.2f}")
+    line("sync round seconds, median / max (sync/seconds)",
+         lambda r: f"{r['sync_seconds_median']:.3f} / {r['sync_seconds_max']:.2f}")
+    line("whole run seconds (incl. start eval, buffer fill, end eval)", lambda r: f"{r['wall_seconds']:.1f}")
+    line("trainer busy (fwd+bwd+opt / loop time)", lambda r: f"{r['trainer_busy_fraction']:.0%}")
+    line("trainer CPU use (cores, CPU seconds / loop seconds)", lambda r: f"{r['trainer_cores']:.2f}")
+    line("weight push seconds, mean", lambda r: f"{r['push_seconds_mean']:.3f}")
+    line("searcher tokens/s in the pipeline (median, per searcher)",
+         lambda r: f"{r['searcher_tokens_per_s_median']:.0f}")
+    line(f"fresh samples per step (generated; the step consumes {cfg.B * cfg.K})",
+         lambda r: f"{r['fresh_samples_per_step']:.1f}")
+    line("staleness histogram (updates: samples)", lambda r: str(r["staleness_hist"]))
+    line("mixed-version samples in a batch, mean", lambda r: f"{r['mixed_fraction_mean']:.1%}")
     print(f"\nasync is {res['speedup_sync_over_async']:.2f}x faster than sync for the same steps; "
-          f"searcher in pipeline / standalone ({res['standalone_tokens_per_s']:.0f} tok/s): {res['pipeline_vs_standalone']:.0%}")
+          f"searcher in pipeline / standalone ({res['standalone_tokens_per_s']:.0f} tok/s): "
+          f"{res['pipeline_vs_standalone']:.0%}")
+    if "inflight" in res:
+        print(f"in-flight is {res['speedup_sync_over_inflight']:.2f}x faster than sync and "
+              f"{res['speedup_async_over_inflight']:.2f}x faster than chunks for the same steps; searcher in pipeline "
+              f"/ standalone ({res['standalone_inflight_tokens_per_s']:.0f} tok/s in flight): "
+              f"{res['inflight_pipeline_vs_standalone']:.0%}")
     if "cpu_cores" in res:
         print(f"CPU bound for that ratio: (cores - cores the trainer uses) / searchers = ({res['cpu_cores']} - "
-              f"{a['trainer_cores']:.2f}) / {cfg.n_searchers} = {res['cpu_bound_pipeline_vs_standalone']:.0%} "
+              f"{res['async']['trainer_cores']:.2f}) / {cfg.n_searchers} = "
+              f"{res['cpu_bound_pipeline_vs_standalone']:.0%} "
               f"of a searcher that has a core to itself")
 
 

@@ -21,8 +21,22 @@ class Sample:
     reward: float  # task reward
     logp_behav: np.ndarray  # per-token log-probs under the policy that generated it (logits / temperature)
     logp_ref: np.ndarray  # per-token log-probs under the frozen reference (logits / temperature)
-    version: int  # trainer step of the weights that generated it (0 = initial weights)
+    version: int  # trainer step of the weights that generated it (0 = initial weights); in flight: its last token's
     finished: bool  # the response ended with EOS (not cut at max_new_tokens)
+    # in-flight search (searcher.InFlight): ((version, tokens), ...) oldest first, the weights each run of response
+    # tokens came from; () = every token from `version` (chunked search; samples of older checkpoints, which lack the
+    # field, read this class default)
+    version_tokens: tuple = ()
+
+    @property
+    def version_first(self):
+        """The oldest weights that generated any of its tokens (staleness counts from them)."""
+        return self.version_tokens[0][0] if self.version_tokens else self.version
+
+    @property
+    def mixed(self):
+        """Its tokens came from more than one weight version (a weight update landed while it was generated)."""
+        return len(self.version_tokens) > 1
 
 
 class Draw(NamedTuple):

@@ -6,7 +6,10 @@
         searchers.pth       {rank: sync.ShardPlace}: each searcher's place in its prompt shard and its RNG states,
                             as of the last sync round (each searcher reads its own)
         ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0; searchers read it)
-        meta.json           {"step": N, "weight_delay": D}, written last
+        optimizer_rank{r}.pt  n_trainers > 1: each trainer rank's own optimizer state (fsdp: its shard), in place of
+                            trainer_state.pth's; a resume needs the same n_trainers and trainer_parallel (meta.json)
+        meta.json           {"step": N, "weight_delay": D, with n_trainers > 1 n_trainers and trainer_parallel},
+                            written last
 
 A checkpoint is written into NAME.tmp/ and renamed to NAME when complete, so a crash in the middle of a save leaves
 every earlier checkpoint intact; `latest` only considers directories with meta.json and never *.tmp.
@@ -21,14 +24,19 @@ import torch
 STEP_DIR = re.compile(r"step_(\d+)$")
 
 
-def save(path, model, tok, state):
+def save(path, model, tok, state, shards=None):
     """The weights and tokenizer in HF format and `state` (the trainer's state_dict, with the searchers' `places` and
-    TBA's `ref_weights` in files of their own)."""
+    TBA's `ref_weights` in files of their own). shards(tmp), n_trainers > 1: every trainer rank writes its optimizer
+    state into the checkpoint being written; returns the whole weights for the HF files (None: the model's own)."""
     from transformers.utils import logging
     logging.disable_progress_bar()  # no "Writing model shards" bar in the run's log
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
+    weights = None
+    if shards is not None:
+        os.makedirs(tmp)
+        weights = shards(tmp)
+    model.save_pretrained(tmp, state_dict=weights)
     tok.save_pretrained(tmp)
     state = dict(state)
     places, ref_weights = state.pop("places"), state.pop("ref_weights")

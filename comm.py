@@ -1,9 +1,13 @@
 """The control plane between ranks: private gloo process groups built from torchrun's rendezvous store.
 
-We never call torch.distributed.init_process_group, so the default process group stays free for a vLLM engine that
-runs inside a searcher process (vLLM creates its own world of size 1 there and tears it down at shutdown; an
+We never call torch.distributed.init_process_group here, so the default process group stays free for a vLLM engine
+that runs inside a searcher process (vLLM creates its own world of size 1 there and tears it down at shutdown; an
 in-process engine that finds the default group already initialised joins it and hangs). Every call here is a real
 torch.distributed collective on our own ProcessGroupGloo.
+
+With n_trainers = T > 1 the trainer ranks 1..T-1 take no part here (they train with rank 0 in a default group of their
+own, trainer_group.py): a Comm holds rank 0 and the searchers, numbered 0 and 1..N-T (job rank T - 1 + r), so a
+searcher sees the same world as with one trainer.
 
 Announcements: rank 0 announces round n as the store key "round/n" = "step,flags"; a searcher checks for that key
 between generation chunks (a non-blocking store lookup) and then joins the round's collectives (sync.py says which).
@@ -17,15 +21,23 @@ import torch
 import torch.distributed as dist
 
 
+def connect(timeout):
+    """torchrun's rendezvous store (a TCPStore client), under a prefix of this restart's: every rank connects."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun hosts the store itself
+    store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500)),
+                          world, is_master=(rank == 0 and not agent_store), timeout=timeout)
+    return dist.PrefixStore(f"tba/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
+
+
 class Comm:
-    def __init__(self, timeout_s):
-        self.rank = int(os.environ.get("RANK", 0))
-        self.world = int(os.environ.get("WORLD_SIZE", 1))
+    def __init__(self, timeout_s, n_trainers=1):
+        self.offset = n_trainers - 1  # job rank = comm rank + offset for a searcher (trainer ranks 1..T-1 are not here)
+        rank = int(os.environ.get("RANK", 0))
+        self.rank = rank - self.offset if rank else 0
+        self.world = int(os.environ.get("WORLD_SIZE", 1)) - self.offset
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"  # torchrun hosts the store itself
-        store = dist.TCPStore(os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", 29500)),
-                              self.world, is_master=(self.rank == 0 and not agent_store), timeout=self.timeout)
-        self.store = dist.PrefixStore(f"tba/{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}", store)
+        self.store = connect(self.timeout)
         self.ctrl = self.new_gloo_group("ctrl")  # collectives: gather of trajectories, object broadcasts, barriers
         self.round = 0  # index of the next sync round
         self.store.set(f"pid/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")  # for diagnose()
@@ -74,6 +86,20 @@ class Comm:
             self.store.delete_key(f"round/{self.round - 2}")  # every searcher has read it by now
         self.round += 1
 
+    def ready(self):
+        """Rank 0, at the gather of the round announced last: searchers that go on generating after the announcement
+        (in-flight search, which joins within an engine step) join now."""
+        self.store.set(f"ready/{self.round - 1}", "1")
+        if self.round >= 3:
+            self.store.delete_key(f"ready/{self.round - 3}")  # every searcher has joined that round by now
+
+    def is_ready(self, block=False):
+        """Searchers, after poll() returned a round: has rank 0 reached its gather (`block`: wait until it has)?"""
+        key = f"ready/{self.round - 1}"
+        if block:
+            self.store.wait([key], self.timeout)
+        return self.store.check([key])
+
     def poll(self, block=False):
         """Searchers: (step, integer flags) if the next round was announced, else None (`block`: wait for it)."""
         key = f"round/{self.round}"
@@ -102,10 +128,11 @@ class Comm:
 
     # ------------------------------------------------------------ failures
     def diagnose(self):
-        """Rank 0, after a collective failed or a signal came: the searchers that died, are stopped, or never joined
-        the current round, one phrase each (process states are read from /proc for searchers on this node; a searcher
-        that left because it was sent SIGTERM / SIGINT itself, see leaving(), does not count as died)."""
-        broken, late, here = [], [], socket.gethostname()
+        """Rank 0, after a collective failed or a signal came: the trainer ranks 1..T-1 that died or are stopped, and
+        the searchers that died, are stopped, or never joined the current round, one phrase each, named by job rank
+        (process states are read from /proc for ranks on this node; a searcher that left because it was sent
+        SIGTERM / SIGINT itself, see leaving(), does not count as died)."""
+        broken, late, here = self.trainer_problems(), [], socket.gethostname()
         for r in range(1, self.world):
             known = self.store.check([f"pid/{r}"])
             host, pid = self.store.get(f"pid/{r}").decode().rsplit(":", 1) if known else ("", "?")
@@ -113,12 +140,27 @@ class Comm:
             state = _process_state(int(pid)) if host == here else None
             if state in ("gone", "Z", "X"):
                 if not self.store.check([f"left/{r}"]):
-                    broken.append(f"searcher rank {r} (pid {pid}) died")
+                    broken.append(f"searcher rank {r + self.offset} (pid {pid}) died")
             elif state == "T":
-                broken.append(f"searcher rank {r} (pid {pid}) is stopped")
+                broken.append(f"searcher rank {r + self.offset} (pid {pid}) is stopped")
             elif joined < self.round - 1:
-                late.append(f"searcher rank {r} (pid {pid}) did not join sync round {self.round - 1}")
+                late.append(f"searcher rank {r + self.offset} (pid {pid}) did not join sync round {self.round - 1}")
         return broken or late  # the others' lateness is only a consequence when one died or is stopped
+
+    def trainer_problems(self):
+        """Rank 0: the trainer ranks 1..T-1 (their pids under trainers/pid/, trainer_group.py) on this node that died
+        or are stopped, one phrase each."""
+        found, here = [], socket.gethostname()
+        for r in range(1, self.offset + 1):
+            if not self.store.check([f"trainers/pid/{r}"]):
+                continue
+            host, pid = self.store.get(f"trainers/pid/{r}").decode().rsplit(":", 1)
+            state = _process_state(int(pid)) if host == here else None
+            if state in ("gone", "Z", "X"):
+                found.append(f"trainer rank {r} (pid {pid}) died")
+            elif state == "T":
+                found.append(f"trainer rank {r} (pid {pid}) is stopped")
+        return found
 
     def leaving(self, signum):
         """Searchers, from a SIGTERM / SIGINT handler: mark this exit as requested (not a crash) for diagnose()."""

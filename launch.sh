@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# One TBA job: rank 0 trains, ranks 1..N-1 search.   bash launch.sh [CONFIG] [key=value ...]   (--help: every key)
+# One TBA job: ranks 0..T-1 train (T = n_trainers, 1 by default), the rest search.   bash launch.sh [CONFIG] [k=v ...]
 # Without a CONFIG it runs the embedded default, configs/tiny.yaml (a tiny model that learns on CPU in minutes).
-# Multi-node: set NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (e.g. from Slurm) and NPROC_PER_NODE.
+# Multi-node: set NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT and NPROC_PER_NODE (Slurm: scripts/slurm.sbatch).
+# --help: every config key.
 # Memory plan for GPUs you do not have yet: python train.py --plan CONFIG [key=value ...] --gpus N --gpu-memory-gb M
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -11,6 +12,9 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
 NPROC=$("$PY" train.py --prepare "$@") || exit 2      # config, data, model, GPU memory: one line on error
 NPROC="${NPROC##*$'\n'}"
+if [ "${NNODES:-1}" = 1 ] && [ -z "${MASTER_PORT:-}" ]; then   # one node: a free port, so jobs can run side by side
+  MASTER_PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+fi
 # torchrun, translated: SIGTERM / SIGINT (scancel, pre-emption, Ctrl-C) end the job with 128 + the signal, i.e.
 # stopped and resumable with resume=auto, and a failed rank ends it with that rank's exit code (the trainer's when it
 # has one); either way without torchrun's traceback and log lines: the trainer has already said why in one line.

@@ -6,10 +6,12 @@
                                            one line (exit 2) when it cannot fit
 
 Per GPU: the trainer's weights, gradients, AdamW states, weight-transport buffers and the activations of one
-micro-batch; each searcher's reference model, engine budget, receive buffers and log-prob forward; a CUDA context
-allowance per process. GB here is 2^30 bytes, as torch.cuda and nvidia-smi count (an "80 GB" GPU has 79-80 of them).
-Estimates from the model's shape, checked on a CPU trace and against an H200 run (trainer_activations); not counted:
-a task's own models (tldr / redteam reward, judge and victim models), which the searchers also load.
+micro-batch (n_trainers > 1: on each trainer rank, weights, gradients and AdamW states split n_trainers ways with
+fsdp, whole with ddp; the transport buffers on rank 0 only); each searcher's reference model, engine budget, receive
+buffers and log-prob forward; a CUDA context allowance per process. GB here is 2^30 bytes, as torch.cuda and
+nvidia-smi count (an "80 GB" GPU has 79-80 of them). Estimates from the model's shape, checked on a CPU trace and
+against an H200 run (trainer_activations); not counted: a task's own models (tldr / redteam reward, judge and victim
+models), which the searchers also load.
 """
 import dataclasses
 import os
@@ -55,7 +57,8 @@ def shape_from_config(hf_cfg, source):
     return dict(params=sum(p.numel() for p in model.parameters()), layers=hf_cfg.num_hidden_layers, hidden=h,
                 intermediate=inter, heads=heads, kv_dim=getattr(hf_cfg, "num_key_value_heads", heads) * head_dim,
                 vocab=hf_cfg.vocab_size, positions=getattr(hf_cfg, "max_position_embeddings", None),
-                gated=any("gate_proj" in n for n, _ in model.named_parameters()), source=source)
+                gated=any("gate_proj" in n for n, _ in model.named_parameters()),
+                tied=bool(getattr(hf_cfg, "tie_word_embeddings", False)), source=source)
 
 
 def model_shape(model, given=None):
@@ -143,6 +146,15 @@ def trainer_activations(shape, e, n, seq):
     return n * seq * (shape["layers"] * layer + 4 * h + 2 * e * h + layer // 2)
 
 
+def fsdp_gathered(shape, e):
+    """fsdp: the whole parameters a trainer rank holds beyond its shard during a train step. trainer_group.py shards
+    each decoder layer and the root (embeddings, final norm, LM head); FSDP2 keeps the root's gathered from forward
+    to the end of backward (fully_shard's reshard_after_forward is False for the root) and a layer's while it runs,
+    with the next one's all-gather in flight: the root's and 2 layers' parameters."""
+    root = shape["vocab"] * shape["hidden"] * (1 if shape.get("tied") else 2) + shape["hidden"]
+    return (root + 2 * (shape["params"] - root) / shape["layers"]) * e
+
+
 def lm_head_chunk(shape, tokens):
     # one checkpointed chunk of min(tokens, 2048) tokens x vocab, recomputed in backward: bf16 logits, their fp32 copy,
     # logits / temperature and the fp32 gradient: ~16 bytes per logit (a CPU trace: 8.4 in forward, 15.3 in backward)
@@ -187,14 +199,23 @@ def micro_batch(cfg):
     return min(max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K, cfg.B * cfg.K)
 
 
-def trainer_rows(cfg, shape, seq):
-    """[(part, bytes, how)] of rank 0."""
-    e, p, n = BYTES[cfg.dtype], shape["params"], micro_batch(cfg)
+def trainer_rows(cfg, shape, seq, rank0=True):
+    """[(part, bytes, how)] of rank 0 (rank0=False: another trainer rank, n_trainers > 1: no transport buffers)."""
+    e, p, n, t = BYTES[cfg.dtype], shape["params"], micro_batch(cfg), cfg.n_trainers
     per_token = trainer_activations(shape, e, 1, seq) / seq
-    return [("weights", weights(shape, e), f"{p:,} params x {e} B"),
-            ("gradients", weights(shape, e), "as the weights"),
-            ("AdamW states", adamw_states(shape, e), "exp_avg + exp_avg_sq, 2 x the weights"),
-            ("weight transport buffers", weights(shape, e), "a flat copy of the weights"),
+    split = t if t > 1 and cfg.trainer_parallel == "fsdp" else 1  # fsdp: each rank keeps 1 / n_trainers of them
+    of = f", 1/{split} (fsdp shard)" if split > 1 else ""
+    rows = [("weights", weights(shape, e) / split, f"{p:,} params x {e} B{of}"),
+            ("gradients", weights(shape, e) / split, "as the weights"),
+            ("AdamW states", adamw_states(shape, e) / split, f"exp_avg + exp_avg_sq, 2 x the weights{of}")]
+    if split > 1:
+        rows.append(("FSDP gathered weights", fsdp_gathered(shape, e), "embeddings, LM head, final norm and 2 "
+                                                                       "decoder layers, whole during a step"))
+    if t > 1 and split == 1:  # DistributedDataParallel's all-reduce buckets (gradient_as_bucket_view off)
+        rows.append(("DDP gradient buckets", weights(shape, e), "a flat copy of the gradients"))
+    if rank0:
+        rows.append(("weight transport buffers", weights(shape, e), "a flat copy of the weights"))
+    return rows + [
             ("activations", trainer_activations(shape, e, n, seq), f"{n} x {seq} tokens x {per_token / 1e6:.2f} MB"),
             ("LM-head chunk", lm_head_chunk(shape, n * seq), f"{min(n * seq, HEAD_CHUNK)} tokens x {shape['vocab']} "
                                                              "vocab x 16 B"),
@@ -229,12 +250,14 @@ def searcher_rows(cfg, shape, seq, machine, count=1):
 def gpu_tables(cfg, shape, prompt_tokens, machine):
     """[(GPU title, [(part, bytes, how)])]: the trainer's GPU and one searcher's, or the one shared GPU."""
     seq = sequence(cfg, shape, prompt_tokens)
-    n = cfg.n_searchers
+    n, t = cfg.n_searchers, cfg.n_trainers
     if machine["mode"] == "shared":
         return [(f"shared GPU (all {n + 1} ranks)", trainer_rows(cfg, shape, seq)
                  + [(f"searchers: {part}", b, how) for part, b, how in searcher_rows(cfg, shape, seq, machine, n)])]
-    return [("trainer GPU (rank 0)", trainer_rows(cfg, shape, seq)),
-            (f"searcher GPU (rank{'s 1..' if n > 1 else ' '}{n}{', each' if n > 1 else ''})",
+    others = [] if t == 1 else [(f"other trainer GPU (rank{f's 1..{t - 1}, each' if t > 2 else ' 1'})",
+                                 trainer_rows(cfg, shape, seq, rank0=False))]
+    return [("trainer GPU (rank 0)", trainer_rows(cfg, shape, seq))] + others + [
+            (f"searcher GPU (rank{f's {t}..' if n > 1 else ' '}{t + n - 1}{', each' if n > 1 else ''})",
              searcher_rows(cfg, shape, seq, machine))]
 
 
@@ -248,7 +271,7 @@ def advice(cfg, shape, prompt_tokens, machine):
     """What to change so that the plan fits: the single changes that do, else what the least setting still needs."""
     def fits(c, m=machine):
         return worst(c, shape, prompt_tokens, m)[1] <= machine["gpu_bytes"]
-    ranks, found = cfg.n_searchers + 1, []
+    ranks, found = cfg.n_trainers + cfg.n_searchers, []
     own = dict(machine, mode="own", kind="nccl")
     if machine["mode"] == "shared" and fits(cfg, own):
         found.append(f"{ranks} GPUs (one per rank)")
@@ -262,12 +285,16 @@ def advice(cfg, shape, prompt_tokens, machine):
         found.append("dtype=bfloat16")
     new = [t for t in range(cfg.max_new_tokens - 16, 15, -16) if fits(dataclasses.replace(cfg, max_new_tokens=t))]
     found += [f"max_new_tokens={new[0]}"] if new else []
+    more = [t for t in (2, 4, 8) if t > cfg.n_trainers and cfg.B % t == 0  # the trainer's states split t ways
+            and fits(dataclasses.replace(cfg, n_trainers=t, trainer_parallel="fsdp"), own)]
+    found += [f"n_trainers={more[0]} trainer_parallel=fsdp ({more[0] + cfg.n_searchers} GPUs)"] if more else []
     if found:
         return "it fits with " + " or ".join(found)
     title, need = worst(dataclasses.replace(cfg, micro_batch=cfg.K), shape, prompt_tokens, own)
     return (f"no single change fits: even with a GPU per rank and micro_batch={cfg.K} (= K, the least) the "
-            f"{title.split(' (')[0]} needs {need / GB:.1f} GB: use GPUs that size, or lower K or max_new_tokens (the "
-            "trainer keeps whole weights, gradients, AdamW states and activations on its GPU)")
+            f"{title.split(' (')[0]} needs {need / GB:.1f} GB: use GPUs that size, or lower K or max_new_tokens (a "
+            "trainer rank keeps weights, gradients and AdamW states, 1/n_trainers of them with fsdp, and the "
+            "activations of a micro-batch on its GPU)")
 
 
 def verdict(cfg, shape, prompt_tokens, machine):
@@ -283,12 +310,13 @@ def verdict(cfg, shape, prompt_tokens, machine):
 
 def report(cfg, shape, prompt_tokens, prompt_source, machine, name="config"):
     """The whole plan as text (header, a table per GPU, the verdict line last) and whether it fits."""
-    seq, ranks = sequence(cfg, shape, prompt_tokens), cfg.n_searchers + 1
+    seq, t = sequence(cfg, shape, prompt_tokens), cfg.n_trainers
     m = machine["gpu_bytes"]
     layout = {"own": "a GPU per rank", "shared": "every rank on one GPU"}[machine["mode"]]
     gpus = f"{machine['n_gpus']} x {m / GB:.0f} GB GPU{'s' if machine['n_gpus'] > 1 else ''}"
-    lines = [f"memory plan: {name}, {ranks} ranks (1 trainer + {cfg.n_searchers} searchers) on {gpus}: {layout}, "
-             f"weights by {machine['kind']}",
+    trainers = "1 trainer" if t == 1 else f"{t} trainers, {cfg.trainer_parallel}"
+    lines = [f"memory plan: {name}, {t + cfg.n_searchers} ranks ({trainers} + {cfg.n_searchers} searchers) on {gpus}: "
+             f"{layout}, weights by {machine['kind']}",
              f"model {cfg.model}: {shape['params']:,} parameters, {shape['layers']} layers, hidden "
              f"{shape['hidden']}, vocab {shape['vocab']}, {cfg.dtype}",
              f"shape from {shape['source']}",

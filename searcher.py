@@ -1,6 +1,7 @@
 """Ranks 1..N-1: search. Walk this rank's shard of the training prompts; per prompt visit generate S samples, score
 them with the task's reward, and compute their behaviour and reference log-probs; hand them to the trainer at the
-next sync round (sync.py). Between generation chunks, join a round if one was announced.
+next sync round (sync.py). Between generation chunks, join a round if one was announced; with inflight=true (vLLM),
+between engine steps once the trainer is at the round's gather, loading new weights under running sequences (InFlight).
 """
 import dataclasses
 import os
@@ -59,32 +60,108 @@ def task_hook(task, hook, cfg, device):
     return _built[key]
 
 
-def search_chunk(cfg, engine, ref_model, tok, task, records, prompts, pids, version, stats):
-    """One generation call: S samples for each prompt id, scored (the task's per-sample reward, or its batched
-    scorer), with behaviour and reference log-probs. Adds to stats' tokens, gen_s and reward_errors."""
-    t0 = time.perf_counter()
-    outs = engine.generate([prompts[p] for p in pids], cfg.S, cfg.temperature, cfg.max_new_tokens)
-    flat = [(pid, resp, lp) for pid, group in zip(pids, outs) for resp, lp in group]
+def make_samples(cfg, ref_model, tok, task, records, prompts, flat, stats):
+    """Generated responses -> Samples: scored (the task's per-sample reward, or its batched scorer), with reference
+    log-probs. flat: (prompt id, response ids, behaviour log-probs, version, version_tokens) each. Adds to stats'
+    tokens and reward_errors."""
     logp_ref = []
     with torch.no_grad():
         for s in range(0, len(flat), 64):
             part = flat[s : s + 64]
-            lp, mask = token_logprobs(ref_model, [prompts[p] for p, _, _ in part], [r for _, r, _ in part],
+            lp, mask = token_logprobs(ref_model, [prompts[f[0]] for f in part], [f[1] for f in part],
                                       cfg.temperature)
             logp_ref += [lp[i][mask[i]].float().cpu().numpy() for i in range(len(part))]
-    texts = [tok.decode(resp, skip_special_tokens=True) for _, resp, _ in flat]
-    finished = [bool(resp and resp[-1] == tok.eos_token_id) for _, resp, _ in flat]
+    texts = [tok.decode(f[1], skip_special_tokens=True) for f in flat]
+    finished = [bool(f[1] and f[1][-1] == tok.eos_token_id) for f in flat]
     scorer = task_hook(task, "make_scorer", cfg, next(ref_model.parameters()).device)
     if scorer is None:
-        rewards = [score(task, text, records[pid]["answer"], stats) for (pid, _, _), text in zip(flat, texts)]
+        rewards = [score(task, text, records[f[0]]["answer"], stats) for f, text in zip(flat, texts)]
     else:
-        rewards = score_batch(scorer, [records[pid]["prompt"] for pid, _, _ in flat], texts,
-                              [records[pid] for pid, _, _ in flat], finished, stats)
-    samples = [Sample(pid, tuple(resp), reward, logp_behav, lp_ref, version, fin)
-               for (pid, resp, logp_behav), lp_ref, reward, fin in zip(flat, logp_ref, rewards, finished)]
+        rewards = score_batch(scorer, [records[f[0]]["prompt"] for f in flat], texts,
+                              [records[f[0]] for f in flat], finished, stats)
+    samples = [Sample(pid, tuple(resp), reward, logp_behav, lp_ref, version, fin, versions)
+               for (pid, resp, logp_behav, version, versions), lp_ref, reward, fin
+               in zip(flat, logp_ref, rewards, finished)]
     stats["tokens"] += sum(len(s.response) for s in samples)
+    return samples
+
+
+def search_chunk(cfg, engine, ref_model, tok, task, records, prompts, pids, version, stats):
+    """One generation call: S samples for each prompt id, scored, with behaviour and reference log-probs
+    (make_samples). Adds to stats' tokens, gen_s and reward_errors."""
+    t0 = time.perf_counter()
+    outs = engine.generate([prompts[p] for p in pids], cfg.S, cfg.temperature, cfg.max_new_tokens)
+    flat = [(pid, resp, lp, version, ()) for pid, group in zip(pids, outs) for resp, lp in group]
+    samples = make_samples(cfg, ref_model, tok, task, records, prompts, flat, stats)
     stats["gen_s"] += time.perf_counter() - t0
     return samples
+
+
+class InFlight:
+    """In-flight search with a vLLM engine (continuous batching with in-flight weight updates, as PipelineRL: Piche et
+    al. 2025, arXiv 2509.19128). The engine runs one step at a time and is kept at max_inflight running sequences,
+    topped up with prompt visits from the shard (a visit: S one-sample requests, so every sample keeps its own
+    version bookkeeping). Samples that finish are scored chunk_prompts x S at a time between steps, the rest when
+    the round takes them; new weights load between two steps while sequences run (engine.version labels them).
+
+    A checkpoint's ShardPlace is the one from before the oldest visit still running: after a resume, the visits that
+    were in flight are generated again (at most about a round's worth)."""
+
+    def __init__(self, cfg, engine, shard, make, stats):
+        self.cfg, self.engine, self.shard, self.make, self.stats = cfg, engine, shard, make, stats
+        # default: twice a chunk. Fuller batches raise a small model's tokens per engine step on a CPU; the trainer
+        # never waits for them to finish (measured: docs/performance.md)
+        self.max = cfg.max_inflight or 2 * cfg.chunk_prompts * cfg.S
+        self.visits = {}  # visit number -> [the shard's place before the visit, its samples still running]
+        self.n_visits = 0
+        self.done = []  # finished, not scored yet: (prompt id, response, log-probs, version, version_tokens)
+        self.samples = []  # scored, for the next round
+
+    def top_up(self, budget, prompts):
+        """Start prompt visits while their S sequences fit within max_inflight (one at least when none runs), at most
+        `budget` of them. Returns how many started."""
+        started, S = 0, self.cfg.S
+        while started < budget and (not self.engine.flight or len(self.engine.flight) + S <= self.max):
+            place = self.shard.place(self.engine)
+            pid = self.shard.take(1)[0]
+            self.visits[self.n_visits] = [place, S]
+            self.engine.add((self.n_visits, pid), prompts[pid], S, self.cfg.temperature, self.cfg.max_new_tokens)
+            self.n_visits += 1
+            started += 1
+        return started
+
+    def advance(self):
+        """One engine step; the samples that finished (in it, or in a round's probe or evaluation) are kept, and
+        scored once chunk_prompts x S wait."""
+        t0 = time.perf_counter()
+        self.engine.step()
+        self.collect()
+        if len(self.done) >= self.cfg.chunk_prompts * self.cfg.S:
+            self.score()
+        self.stats["gen_s"] += time.perf_counter() - t0
+
+    def collect(self):
+        for (visit, pid), tokens, lp, versions in self.engine.finished:
+            self.visits[visit][1] -= 1
+            if not self.visits[visit][1]:
+                del self.visits[visit]
+            self.done.append((pid, tokens, lp, versions[-1][0], versions))
+        self.engine.finished = []
+
+    def score(self):
+        if self.done:
+            self.samples += self.make(self.done)
+            self.done = []
+
+    def hand_over(self):
+        """At a round: the samples that finished since the last one, all scored, and the shard place to resume from."""
+        t0 = time.perf_counter()
+        self.collect()
+        self.score()
+        self.stats["gen_s"] += time.perf_counter() - t0
+        samples, self.samples = self.samples, []
+        place = next(iter(self.visits.values()))[0] if self.visits else self.shard.place(self.engine)
+        return samples, place
 
 
 class Shard:
@@ -193,16 +270,39 @@ def run(cfg, comm, ctx):
     # synchronous mode and after a resume (that round brings the checkpoint's weights).
     limit = cfg.B // n_searchers if not cfg.asynchronous else (cfg.max_prompts_per_round or float("inf"))
     done_prompts = limit if not cfg.asynchronous or ctx.resume else 0
+    flight = None  # in-flight search (InFlight), or None: generation in chunks
+    if cfg.inflight and cfg.asynchronous and engine.name == "vllm":
+        flight = InFlight(cfg, engine, shard, lambda flat: make_samples(cfg, ref_model, tok, task, train, prompts,
+                                                                        flat, stats), stats)
+    elif cfg.inflight and cfg.asynchronous and rank == 1:
+        print(f"note: inflight=true needs the vLLM engine; the {engine.name} engine generates in chunks",
+              file=sys.stderr, flush=True)
     while True:
-        # synchronous mode joins a round only with its whole share generated; async mode polls between chunks
-        announced = None if not cfg.asynchronous and done_prompts < limit else comm.poll(block=done_prompts >= limit)
+        if flight is not None:  # in flight: poll between engine steps (waiting only when nothing runs)
+            announced = comm.poll(block=done_prompts >= limit and not engine.flight)
+        else:  # synchronous mode joins a round only with its whole share generated; async mode polls between chunks
+            share_left = not cfg.asynchronous and done_prompts < limit
+            announced = None if share_left else comm.poll(block=done_prompts >= limit)
+        if announced is None and flight is not None:  # top up with prompt visits, then one engine step
+            done_prompts += flight.top_up(limit - done_prompts, prompts)
+            flight.advance()
+            continue
         if announced is None:
             pids = shard.take(int(min(cfg.chunk_prompts, limit - done_prompts)))
             pending += search_chunk(cfg, engine, ref_model, tok, task, train, prompts, pids, version, stats)
             done_prompts += len(pids)
             continue
         step, flags = announced[0], sync.Flag(announced[1])
-        report = sync.Report(pending, stats["tokens"], stats["gen_s"], stats["reward_errors"], shard.place(engine))
+        while flight is not None and not comm.is_ready(block=done_prompts >= limit and not engine.flight):
+            # announced a train step ahead: generate on until the trainer is at the gather (joins within one step)
+            done_prompts += flight.top_up(limit - done_prompts, prompts)
+            flight.advance()
+        pending, place = flight.hand_over() if flight is not None else (pending, shard.place(engine))
+        if flight is not None and flags & sync.Flag.WEIGHTS:
+            # the label of the tokens generated from the load on (the round's probe and evaluation step the running
+            # sequences too); set here, as no engine step comes between this line and the load
+            engine.version = max(step - cfg.weight_delay, 0)
+        report = sync.Report(pending, stats["tokens"], stats["gen_s"], stats["reward_errors"], place)
         sync.searcher_round(comm, weights, flags, report, engine, ref_model, prompts[0], evaluate_my_share)
         pending, done_prompts = [], 0
         stats.update(tokens=0, gen_s=0.0)

@@ -5,7 +5,8 @@ searchers' side are written here next to each other, with the same numbered step
 
   0. announce      rank 0 stores the round's (step, Flag) in torchrun's store (comm.announce); a searcher polls for it
                    between generation chunks (comm.poll). In async mode the trainer announces one train step ahead,
-                   so the searchers finish their chunks while that step trains.
+                   so the searchers finish their chunks while that step trains; in-flight searchers (inflight=true)
+                   poll between engine steps and go on generating until rank 0 reaches the gather (comm.ready).
   1. trajectories  each searcher's Report (samples since the last round, counters, its ShardPlace) -> rank 0
   2. train         synchronous mode only: the trainer trains on exactly that data; the searchers wait in step 3
   3. weights       (WEIGHTS) bucketed broadcast from rank 0 (transport.py) -> engine.load_weights; with REF the
@@ -105,6 +106,7 @@ def trainer_gather(comm, step, flags, announced=False):
     t0 = time.perf_counter()
     if not announced:
         announce(comm, step, flags)
+    _collective(comm.ready)  # in-flight searchers generate until rank 0 is here, then join within an engine step
     reports = _collective(comm.gather_object, None)[1:]  # 1
     return Gathered(reports, time.perf_counter() - t0)
 

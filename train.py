@@ -1,4 +1,5 @@
-"""TBA entry point: one torchrun job, rank 0 trains (trainer.py), ranks 1..N-1 search (searcher.py).
+"""TBA entry point: one torchrun job, ranks 0..T-1 train (trainer.py; T = n_trainers, 1 by default), ranks T..N-1
+search (searcher.py); N = n_trainers + n_searchers.
 
     torchrun --nproc_per_node=N train.py CONFIG [key=value ...]     (launch.sh builds this line)
     python train.py --prepare CONFIG [key=value ...]                 check config, data, model and GPU memory; print N
@@ -87,6 +88,9 @@ class Context:
         one_node = int(os.environ.get("WORLD_SIZE", 1)) == local_world if one_node is None else one_node
         self.device = ("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else cfg.device
         self.gpu_mode = gpu_mode(self.device, local_world)  # first: a refused layout stops before anything loads
+        if cfg.n_trainers > 1 and self.gpu_mode == "shared":
+            raise ConfigError(f"n_trainers={cfg.n_trainers} on one shared GPU: NCCL refuses two trainer ranks on one "
+                              "GPU; give every rank its own GPU, or n_trainers=1")
         from transport import WeightTransport, pick_transport
         kind = pick_transport(cfg.weight_transport, self.device, self.gpu_mode, one_node)
         self.resume = find_resume(cfg)
@@ -116,6 +120,15 @@ def find_resume(cfg):
     if written != cfg.weight_delay:  # its kept weight versions are those of its own delay
         raise ConfigError(f"resume: {path} was written with weight_delay={written}; resume with that, not "
                           f"weight_delay={cfg.weight_delay}")
+    found = checkpoint.meta(path) if path else {}  # n_trainers > 1: one optimizer file per trainer rank, its layout
+    written = f"n_trainers={found.get('n_trainers', 1)}"
+    if "trainer_parallel" in found:
+        written += f" trainer_parallel={found['trainer_parallel']}"
+    wanted = f"n_trainers={cfg.n_trainers}"
+    if cfg.n_trainers > 1:
+        wanted += f" trainer_parallel={cfg.trainer_parallel}"
+    if path and written != wanted:
+        raise ConfigError(f"resume: {path} was written with {written}; resume with that, not {wanted}")
     return path
 
 
@@ -139,7 +152,7 @@ def lower_priority(nice):
 
 def prepare(cfg):
     """Checks that need no process group, run by launch.sh before torchrun: one clear line on a bad input. The GPU
-    layout is the whole job's: n_searchers + 1 ranks on this node unless NPROC_PER_NODE says otherwise."""
+    layout is the whole job's: n_trainers + n_searchers ranks on this node unless NPROC_PER_NODE says otherwise."""
     if not os.path.exists(cfg.model) and cfg.model.startswith(".cache/tiny-"):
         subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "make_tiny.py"),
                         "--out", cfg.model], check=True, stdout=sys.stderr)
@@ -147,7 +160,7 @@ def prepare(cfg):
         path = getattr(cfg, key)
         if path.startswith((".", "/")) and not os.path.isdir(path):
             raise ModelError(f"{key} path not found: {path}")
-    local_world = int(os.environ.get("NPROC_PER_NODE") or cfg.n_searchers + 1)
+    local_world = int(os.environ.get("NPROC_PER_NODE") or cfg.n_trainers + cfg.n_searchers)
     ctx = Context(cfg, local_world, one_node=int(os.environ.get("NNODES", 1)) == 1)
     longest = longest_prompt(ctx.tok, [r["prompt"] for r in ctx.train + ctx.test])
     fit_new_tokens(position_limit(cfg.model, cfg.engine), longest, 1)  # raises if a prompt leaves no room
@@ -157,7 +170,7 @@ def prepare(cfg):
         gpu_bytes = torch.cuda.get_device_properties(0).total_memory  # the node's GPUs taken as alike
         print(plan.prepare_check(cfg, ctx.gpu_mode, len(GPUS), gpu_bytes, longest, engine), file=sys.stderr)
     claim_out_dir(cfg, clear=False)  # last: what is wrong with the config itself comes first
-    print(cfg.n_searchers + 1)
+    print(cfg.n_trainers + cfg.n_searchers)
 
 
 def claim_out_dir(cfg, clear):
@@ -173,12 +186,17 @@ def claim_out_dir(cfg, clear):
 
 def plan_memory(args):
     """--plan: print the memory plan (plan.py) for --gpus N GPUs of --gpu-memory-gb M, a machine you may not have
-    yet; True when it fits. The layout is gpu_layout's for n_searchers + 1 ranks (a count it refuses: its one line)."""
+    yet; True when it fits. The layout is gpu_layout's for n_trainers + n_searchers ranks (a count it refuses: its
+    one line)."""
     import plan
     rest, opts = plan.pop_flags([a for a in args if a != "--plan"])
     path, overrides = parse_cli(rest)
     cfg = load_config(path, overrides)
-    text, ok = plan.plan_cli(cfg, path or "defaults", opts, gpu_layout(opts["gpus"], cfg.n_searchers + 1, 0)[0])
+    mode = gpu_layout(opts["gpus"], cfg.n_trainers + cfg.n_searchers, 0)[0]
+    if cfg.n_trainers > 1 and mode == "shared":
+        raise ConfigError(f"n_trainers={cfg.n_trainers} needs a GPU per rank (NCCL refuses two trainer ranks on one "
+                          f"GPU): --gpus {cfg.n_trainers + cfg.n_searchers}")
+    text, ok = plan.plan_cli(cfg, path or "defaults", opts, mode)
     print(text)
     return ok
 
@@ -198,18 +216,21 @@ def main():
             return prepare(cfg)
         if rank == 0:  # the trainer's job: the searchers write nothing into out_dir
             claim_out_dir(cfg, clear=True)
-        world = int(os.environ.get("WORLD_SIZE", 1))
-        if world != cfg.n_searchers + 1:
-            raise ConfigError(f"n_searchers={cfg.n_searchers} needs {cfg.n_searchers + 1} processes, "
+        world, ranks = int(os.environ.get("WORLD_SIZE", 1)), cfg.n_trainers + cfg.n_searchers
+        if world != ranks:
+            raise ConfigError(f"n_trainers={cfg.n_trainers} and n_searchers={cfg.n_searchers} need {ranks} processes, "
                               f"torchrun started {world}")
-        if rank > 0 and cfg.searcher_nice:
+        if rank >= cfg.n_trainers and cfg.searcher_nice:
             lower_priority(cfg.searcher_nice)
         ctx = Context(cfg)
     except (ConfigError, DataError, ModelError) as e:
         print(f"error: {e}" + (f" (rank {rank})" if rank else ""), file=sys.stderr)
         sys.exit(2)
     from comm import Comm
-    comm = Comm(cfg.timeout_s)
+    if 0 < rank < cfg.n_trainers:  # trainer ranks 1..T-1 take no part in the sync rounds (comm.py)
+        import trainer
+        return trainer.follow(cfg, ctx)
+    comm = Comm(cfg.timeout_s, cfg.n_trainers)
     if comm.rank == 0:
         import trainer
         trainer.run(cfg, comm, ctx)

@@ -2,10 +2,14 @@
 k steps run a sync round (sync.py): trajectories in from every searcher, current weights out to every searcher.
 Synchronous mode (async=false) runs a round every step with the train step inside it: gather the data the searchers
 generated with the current weights, train on exactly that, push the new weights.
+With n_trainers = T > 1, ranks 1..T-1 train with rank 0 (follow(); trainer_group.py): each takes B / T prompts of
+every batch, and they run what needs the whole model (weight push, checkpoint) together when rank 0 says so.
 
 Failures: a non-finite loss or gradient skips the update; a dead or stuck searcher, SIGTERM, or max_bad_steps skips in
-a row end the run with one line and a resumable checkpoint (checkpoint.py; resume=auto continues from it).
+a row end the run with one line and a resumable checkpoint (checkpoint.py; resume=auto continues from it). A dead or
+stuck trainer rank ends it with one line and no new checkpoint (its shards are gone): resume=auto takes the last one.
 """
+import datetime
 import json
 import math
 import os
@@ -19,10 +23,11 @@ from tqdm import tqdm
 
 import checkpoint
 import sync
+import trainer_group
 from buffer import ReplayBuffer
 from config import config_to_dict
 from losses import beta_at, get_loss, lr_at, masked
-from policy import encode_prompt, load_model, token_logprobs, trim_at_eos
+from policy import encode_prompt, load_model, trim_at_eos
 from sync import Flag
 
 
@@ -98,8 +103,8 @@ class TrainerState:
     """Everything a checkpoint restores besides the weights (saved in HF format): save and resume both go through
     state_dict / load_state_dict."""
 
-    def __init__(self, cfg, model, opt):
-        self.model, self.opt = model, opt
+    def __init__(self, cfg, model, opt, group):
+        self.model, self.opt, self.group = model, opt, group  # group: trainer_group.Group (n_trainers)
         self.buffer = ReplayBuffer(cfg)
         self.step = 0  # the last step whose update (or skip) is complete
         self.places = {}  # searcher rank -> its sync.ShardPlace at the last round
@@ -110,16 +115,20 @@ class TrainerState:
         self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
         self.timers = Timers()
         self.meta = {"weight_delay": cfg.weight_delay}  # in the checkpoint's meta.json: a resume must match it
+        if group.size > 1:  # the optimizer state is in one file per trainer rank, for the same T and parallelism
+            self.meta.update(n_trainers=group.size, trainer_parallel=group.parallel)
 
     def state_dict(self):
-        return dict(meta=self.meta, step=self.step, optimizer=self.opt.state_dict(), buffer=self.buffer.state_dict(),
+        optimizer = self.opt.state_dict() if self.group.size == 1 else None  # T > 1: Group.save_shards
+        return dict(meta=self.meta, step=self.step, optimizer=optimizer, buffer=self.buffer.state_dict(),
                     torch_rng=torch.get_rng_state(), places=self.places, ref_version=self.ref_version,
                     ref_weights=self.ref_weights, eval_start=self.eval_start, last_eval=self.last_eval,
                     skipped=self.skipped, bad_in_a_row=self.bad_in_a_row, generated=self.generated,
                     trained=self.trained, versions=self.versions, timers=self.timers.state_dict())
 
     def load_state_dict(self, state):
-        self.opt.load_state_dict(state["optimizer"])
+        if state["optimizer"] is not None:
+            self.opt.load_state_dict(state["optimizer"])
         self.buffer.load_state_dict(state["buffer"])
         torch.set_rng_state(state["torch_rng"])
         self.timers.load_state_dict(state["timers"])
@@ -163,47 +172,63 @@ def padded(arrays, like):
     return out
 
 
-def micro_batch(model, prompts, part, temperature, beta):
-    """The loss's input (losses.py documents the keys) for `part`, a list of (group id, Sample) of whole prompts."""
+def micro_batch(logprobs, prompts, part, temperature, beta):
+    """The loss's input (losses.py documents the keys) for `part`, a list of (group id, Sample) of whole prompts;
+    logprobs: policy.token_logprobs on the model (trainer_group.Group.logprobs)."""
     samples = [s for _, s in part]
-    logp, mask = token_logprobs(model, [prompts[s.prompt_id] for s in samples], [s.response for s in samples],
-                                temperature)
+    logp, mask = logprobs([prompts[s.prompt_id] for s in samples], [s.response for s in samples], temperature)
     return dict(logp=logp.float(), mask=mask, logp_behav=padded([s.logp_behav for s in samples], logp),
                 logp_ref=padded([s.logp_ref for s in samples], logp), beta=beta,
                 reward=torch.tensor([s.reward for s in samples], device=logp.device),
                 group=torch.tensor([g for g, _ in part], device=logp.device))
 
 
-def train_step(cfg, state, prompts, loss_fn, step):
-    """One optimizer step on B x K samples from the buffer; the loss is the mean over all of them. A non-finite loss
-    or gradient skips the update (counted in state). Returns the step's metrics row."""
-    t0 = time.perf_counter()
-    model, opt = state.model, state.opt
+def update(cfg, group, opt, prompts, loss_fn, share, totals, step):
+    """The optimizer step of trainer step `step`, on `share`: this trainer rank's whole prompts of the batch (all of
+    it with n_trainers = 1; every trainer rank runs this in lock-step). The loss is the mean over the share; FSDP / DDP
+    average the gradients over the ranks' equal shares, so the update is the whole batch's mean, as with one rank
+    (`totals` are the whole batch's, for the losses normalised by its token count). A non-finite loss or gradient
+    skips the update. Returns (beta, lr, the metric sums averaged over the ranks, grad norm, whether finite)."""
     beta = beta_at(step, cfg.beta_start, cfg.beta_end, cfg.beta_decay_steps, cfg.beta_cut_step)
     lr = lr_at(step, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.stable_steps, cfg.decay_steps, cfg.steps)
     for g in opt.param_groups:
         g["lr"] = lr
-    batch = state.buffer.sample(cfg.B, cfg.K)
-    flat = [(gid, s) for gid, draw in enumerate(batch) for s in draw.samples]  # group id: the draw, as paper Eq. 5
     per_mb = max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K  # whole prompts per micro-batch
-    totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))  # losses.py docstring
     opt.zero_grad(set_to_none=True)
     sums = {}  # the loss, its metrics and the mean sequence log-probs, each weighted by micro-batch size
-    for start in range(0, len(flat), per_mb):
-        part = flat[start : start + per_mb]
-        mb = dict(micro_batch(model, prompts, part, cfg.temperature, beta), **totals)
+    for start in range(0, len(share), per_mb):
+        part = share[start : start + per_mb]
+        mb = dict(micro_batch(group.logprobs, prompts, part, cfg.temperature, beta), **totals)
         loss, metrics = loss_fn(mb, cfg)
-        w = len(part) / len(flat)
+        w = len(part) / len(share)
         (loss * w).backward()
         seq = {k: masked(mb[k].detach(), mb["mask"]).sum(1).mean().item() for k in ("logp", "logp_ref", "logp_behav")}
         for k, v in {"loss": loss.item(), **metrics, **seq}.items():
             sums[k] = sums.get(k, 0.0) + v * w
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+    sums = group.mean(sums)
+    grad_norm = torch.nn.utils.clip_grad_norm_(group.model.parameters(),
+                                               cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+    grad_norm = group.whole(grad_norm)  # fsdp: the norm over every rank's shard
     finite = math.isfinite(sums["loss"]) and bool(torch.isfinite(grad_norm))
     if finite:
         opt.step()
     else:  # skip this update; max_bad_steps in a row stop the run (stop_reason)
         opt.zero_grad(set_to_none=True)
+    return beta, lr, sums, grad_norm, finite
+
+
+def train_step(cfg, state, prompts, loss_fn, step):
+    """One optimizer step on B x K samples from the buffer; the loss is the mean over all of them. A non-finite loss
+    or gradient skips the update (counted in state). With n_trainers = T > 1 every trainer rank takes B / T of the
+    batch's prompts (update). Returns the step's metrics row."""
+    t0 = time.perf_counter()
+    model, opt = state.model, state.opt
+    batch = state.buffer.sample(cfg.B, cfg.K)
+    flat = [(gid, s) for gid, draw in enumerate(batch) for s in draw.samples]  # group id: the draw, as paper Eq. 5
+    totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))  # losses.py docstring
+    with state.group.collectives():
+        share = state.group.tell("step", (totals, step), state.group.split(flat))
+        beta, lr, sums, grad_norm, finite = update(cfg, state.group, opt, prompts, loss_fn, share, totals, step)
     state.skipped += not finite
     state.trained += len(flat)
     state.bad_in_a_row = 0 if finite else state.bad_in_a_row + 1
@@ -215,7 +240,8 @@ def train_step(cfg, state, prompts, loss_fn, step):
     state.timers.train_s += train_s
     samples = [s for _, s in flat]
     tokens = sum(len(prompts[s.prompt_id]) + len(s.response) for s in samples)
-    stale = [step - 1 - s.version for s in samples]  # updates between the sampling weights and these
+    # updates between the (oldest, for a sample that spans an in-flight weight update) sampling weights and these
+    stale = [step - 1 - s.version_first for s in samples]
     row = {f"train/{k}": v for k, v in sums.items() if k not in ("logp_ref", "logp_behav")}
     row.update({"train/skipped": int(not finite), "train/beta": beta, "train/lr": lr,
                 "train/grad_norm": float(grad_norm),
@@ -228,6 +254,7 @@ def train_step(cfg, state, prompts, loss_fn, step):
                 "buffer/size": len(state.buffer), "buffer/prompts": len(state.buffer.items),
                 "staleness/mean": sum(stale) / len(stale), "staleness/max": max(stale),
                 "staleness/hist": [stale.count(i) for i in range(max(stale) + 1)],
+                "staleness/mixed_fraction": sum(s.mixed for s in samples) / len(samples),
                 "time/train_seconds": train_s, "perf/train_tokens_per_s": tokens / train_s})
     if cfg.peak_tflops:  # forward + backward ~ 6 FLOPs per parameter per token (the log-prob recompute ignored)
         n_params = sum(p.numel() for p in model.parameters())
@@ -264,7 +291,10 @@ def push(cfg, comm, weights, state, tok, probe_prompt, step, flags, row):
     merged and written to eval_stepN.jsonl. Returns `row` (the step's metrics so far, from gather() on) with the
     round's: sync/seconds counts steps 0-1 and 3-5, not a train step between them."""
     version, old = state.version_for(step, cfg.weight_delay)
-    got = sync.trainer_push(comm, weights, flags, old)
+    source = old
+    if source is None and flags & Flag.WEIGHTS:  # fsdp: assembled from the shards during the push (sync/push_seconds)
+        source = state.group.full_params()  # None with one trainer or ddp: the model's own weights
+    got = sync.trainer_push(comm, weights, flags, source)
     state.timers.sync_s += got.seconds
     state.timers.eval_s += got.eval_s
     state.timers.rounds += 1
@@ -273,10 +303,12 @@ def push(cfg, comm, weights, state, tok, probe_prompt, step, flags, row):
         row["sync/pushed_version"] = version
     if flags & Flag.REF:  # the searchers' pi_ref is now the pushed weights: keep them for checkpoints
         state.ref_version = step
-        state.ref_weights = {n: t.detach().to("cpu", copy=True)
-                             for n, t in (old or state.model.state_dict()).items()}
+        with state.group.collectives():  # fsdp: assembled from every trainer rank's shard
+            whole = old or state.group.full_state()
+        state.ref_weights = {n: t.detach().to("cpu", copy=True) for n, t in whole.items()}
     if got.probes is not None:
-        mine = greedy_probe(state.model, tok, probe_prompt, old)
+        with state.group.collectives():  # fsdp: every trainer rank generates in lock-step
+            mine = greedy_probe(state.group.probe_model(), tok, probe_prompt, old)
         row["sync/probe_match"] = sum(p == mine for p in got.probes) / len(got.probes)
         with open(os.path.join(cfg.out_dir, "sync_probe.jsonl"), "a") as f:
             f.write(json.dumps({"step": step, "trainer": mine, "searchers": got.probes}) + "\n")
@@ -329,14 +361,17 @@ def wait_for_fresh(cfg, comm, state):
 # ---------------------------------------------------------------- why a run stops
 
 
-def stop_reason(cfg, comm, state, signalled, error=None, row=None):
-    """Why the run must end now, as a Stop with its exit code, or None to go on. After a failed collective or a
-    signal: a searcher that died or is stuck (named), else the signal (resumable), else the collective's error.
-    Otherwise: max_bad_steps updates in a row skipped for a non-finite loss or gradient."""
+def stop_reason(cfg, comm, state, signalled, error=None, row=None, where="sync round"):
+    """Why the run must end now, as a Stop with its exit code, or None to go on. After a failed collective (of
+    `where`) or a signal: a trainer rank or searcher that died or is stuck (named), else the signal (resumable), else
+    the collective's error. Otherwise: max_bad_steps updates in a row skipped for a non-finite loss or gradient."""
     step = state.step
     if error is not None or signalled:
         try:
             problems = comm.diagnose()
+            if error is not None and not problems:  # a rank killed a moment ago closes its sockets before it dies
+                time.sleep(1)
+                problems = comm.diagnose()
         except Exception:  # the rendezvous store itself is gone: nothing more to learn
             problems = []
         if problems:
@@ -344,11 +379,21 @@ def stop_reason(cfg, comm, state, signalled, error=None, row=None):
         if signalled:
             return Stop(f"stopped by {signalled[0]} at step {step}", 128 + signal.Signals[signalled[0]])
         detail = str(error).strip().splitlines()[0][:200] if str(error).strip() else type(error).__name__
-        return Stop(f"error: the sync round at step {step} failed: {detail}", 1)
+        return Stop(f"error: the {where} at step {step} failed: {detail}", 1)
     if state.bad_in_a_row >= cfg.max_bad_steps:
         return Stop(f"error: {cfg.max_bad_steps} updates in a row had a non-finite loss or gradient "
                     f"(last: step {step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped", 1)
     return None
+
+
+def trainers_alive(comm, group):
+    """After a failure: whether every trainer rank can still take part in a checkpoint (always with n_trainers = 1)."""
+    if group.size == 1:
+        return True
+    try:
+        return not group.failed and not comm.trainer_problems()
+    except Exception:  # the rendezvous store itself is gone
+        return False
 
 
 def catch_signals():
@@ -362,7 +407,9 @@ def catch_signals():
 def save(cfg, state, tok, name=None):
     """A resumable checkpoint of the state after state.step (the searchers' places as of the last round)."""
     path = os.path.join(cfg.out_dir, "checkpoints", name or f"step_{state.step}")
-    checkpoint.save(path, state.model, tok, state.state_dict())
+    shards = None if state.group.size == 1 else lambda tmp: state.group.save_shards(state.opt, tmp)
+    with state.group.collectives():
+        checkpoint.save(path, state.model, tok, state.state_dict(), shards)
     checkpoint.prune(os.path.join(cfg.out_dir, "checkpoints"), cfg.keep_checkpoints)
     return path
 
@@ -390,14 +437,16 @@ def run(cfg, comm, ctx):
     torch.manual_seed(cfg.seed)
     tok, prompts = ctx.tok, [encode_prompt(ctx.tok, r["prompt"]) for r in ctx.train]
     model = load_model(ctx.resume or cfg.model, cfg.dtype, ctx.device).train()
+    group = trainer_group.Group(cfg, model, ctx.device, comm.store)  # n_trainers > 1: FSDP2 / DDP over ranks 0..T-1
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
     loss_fn = get_loss(cfg.loss)
     weights = ctx.make_transport(comm, model)
     if ctx.gpu_mode == "shared":  # model, optimizer and weight buffers exist: the searchers' build turns start
         comm.end_turn()
-    state = TrainerState(cfg, model, opt)
+    state = TrainerState(cfg, model, opt, group)
     if ctx.resume:
         state.load_state_dict(checkpoint.load_state(ctx.resume))
+        group.load_optimizer(opt, ctx.resume)  # n_trainers > 1: every trainer rank loads its own
         print(f"resumed from {ctx.resume} (step {state.step}, buffer {len(state.buffer)} samples)", flush=True)
     start = state.step
     if not state.versions:  # weight_delay: the start weights (a resumed run has its last D + 1 versions)
@@ -452,16 +501,25 @@ def run(cfg, comm, ctx):
             if last:
                 break
     except (Stop, sync.RoundFailed) as e:
-        stop = e if isinstance(e, Stop) else stop_reason(cfg, comm, state, signalled, error=e.error)
+        stop = e if isinstance(e, Stop) else stop_reason(cfg, comm, state, signalled, error=e.error,
+                                                          where=getattr(e, "where", "sync round"))
         if state.step > log.last_step:  # the step trained but its round failed: its row still goes in the log
             log.log(state.step, row)
         weights.close(failed=True)
-        where = f"checkpoint {save(cfg, state, tok)}" if state.step > start else "no new step to save"
+        whole = trainers_alive(comm, group)
+        if state.step <= start:
+            where = "no new step to save"
+        elif whole:
+            where = f"checkpoint {save(cfg, state, tok)}"
+        else:
+            where = "no checkpoint: a trainer rank is gone (resume=auto takes the last one saved)"
+        group.close(stop=whole)
         log.close()
         print(f"{stop}; {where}; continue with resume=auto", file=sys.stderr, flush=True)
         sys.exit(stop.code)
     weights.close()
     save(cfg, state, tok, "final")
+    group.close()
     write_summary(cfg, state, row, ctx.resume)
     log.close()
     metrics = [k for k in state.last_eval if k not in ("step", "n")]
@@ -469,3 +527,43 @@ def run(cfg, comm, ctx):
         f"{k} {state.eval_start.get(k, float('nan')):.3f} -> {state.last_eval[k]:.3f}" for k in metrics)
         + f"; out_dir {cfg.out_dir}", flush=True)
     print(f"look: python tables.py {cfg.out_dir}  |  tensorboard --logdir {cfg.out_dir}/tb", flush=True)
+
+
+# ---------------------------------------------------------------- trainer ranks 1..T-1
+
+
+def follow(cfg, ctx):
+    """Trainer ranks 1..T-1 (n_trainers = T > 1): the same model as rank 0's, sharded with it (fsdp) or replicated
+    (ddp), and rank 0's commands (trainer_group.py) run in lock-step with it until it says stop. SIGTERM / SIGINT are
+    rank 0's to act on: it saves a checkpoint with these ranks' optimizer states, then stops them."""
+    from comm import connect
+    torch.manual_seed(cfg.seed)
+    tok, prompts = ctx.tok, [encode_prompt(ctx.tok, r["prompt"]) for r in ctx.train]
+    model = load_model(ctx.resume or cfg.model, cfg.dtype, ctx.device).train()
+    group = trainer_group.Group(cfg, model, ctx.device, connect(datetime.timedelta(seconds=cfg.timeout_s)))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2), weight_decay=cfg.weight_decay)
+    group.load_optimizer(opt, ctx.resume)
+    loss_fn = get_loss(cfg.loss)
+    signalled = catch_signals()
+    try:
+        while True:
+            command, arg, share = group.next_command()
+            if command == "step":
+                totals, step = arg
+                update(cfg, group, opt, prompts, loss_fn, share, totals, step)
+            elif command == "params":
+                group.assemble_params()
+            elif command == "state":
+                group.full_state()
+            elif command == "probe":
+                greedy_probe(group.probe_model(), tok, prompts[0])
+            elif command == "save":
+                group.save_shards(opt, arg)
+            elif command == "stop":
+                break
+    except (RuntimeError, trainer_group.Left) as e:  # rank 0 or another trainer rank is gone: rank 0 says why
+        if not signalled:
+            detail = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+            print(f"error: trainer rank {group.rank}: {detail}", file=sys.stderr, flush=True)
+        sys.exit(1)
+    group.close(stop=False)

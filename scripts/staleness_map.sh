@@ -6,7 +6,9 @@
 # 0-1 for prime_ratio, rloo, online_dpo, m2po.
 # One seed at a time over every cell, so a partial map is balanced. About 5 minutes per run on 2 CPU cores (80 runs);
 # rerunning skips finished runs (sweep.sh), so the map can be built over several sittings.
-#   bash scripts/staleness_map.sh && python tables.py --by weight_delay out/staleness/seed*/*
+#   bash scripts/staleness_map.sh
+#   python tables.py --against weight_delay --plot docs/staleness.png \
+#     out/staleness/seed*/loss* out/staleness/seed*/tba_prime/*
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/staleness}
@@ -20,3 +22,6 @@ for seed in 0 1 2; do
       out_dir="$OUT/seed$seed"
   fi
 done
+# Does S > K change it? The paper samples S = 1.2 K (24 / 20); here S = 10 for K = 8, fresh samples pinned at 40 per
+# step (2 x 4 prompts x 10 / 2 and max_reuse=1.6), for tb and grpo at D = 0 and 16, seeds 0-1.
+bash sweep.sh "${M[@]}" S=10 max_reuse=1.6 seed=0,1 loss=tb,grpo weight_delay=0,16 out_dir="$OUT/s_gt_k"

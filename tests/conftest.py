@@ -35,21 +35,21 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start(args, out_dir, config="tiny.yaml", env=None):
-    """configs/<config> through torchrun (1 trainer + 2 searchers) with overrides, as a running Popen (own session,
-    output captured) for tests that signal or kill it."""
+def start(args, out_dir, config="tiny.yaml", env=None, nproc=3):
+    """configs/<config> through torchrun (1 trainer + 2 searchers: nproc 3) with overrides, as a running Popen (own
+    session, output captured) for tests that signal or kill it."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
                **(env or {}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3", f"--master_port={free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
            os.path.join(ROOT, "train.py"), os.path.join(ROOT, "configs", config), f"out_dir={out_dir}",
            "progress=false", *args]
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
 
 
-def torchrun(args, out_dir, timeout=900, config="tiny.yaml", env=None):
+def torchrun(args, out_dir, timeout=900, config="tiny.yaml", env=None, nproc=3):
     """Run to the end (asserting exit code 0); returns (metrics rows, summary)."""
-    p = start(args, out_dir, config, env)
+    p = start(args, out_dir, config, env, nproc)
     try:
         output, _ = p.communicate(timeout=timeout)
     finally:

@@ -1,8 +1,8 @@
 """TB learns: the tiny default, shortened, raises greedy accuracy on held-out problems by at least 5 points.
 
 A regression in the loss, the buffer, the log-probs or the weight sync shows up here as no gain. Held-out: the arith
-test split is disjoint from the training split (rewards/arith.py). The full default (600 steps, 8.5 min) gains more; see the
-README for the 3-seed figures.
+test split is disjoint from the training split (rewards/arith.py). The full default (1000 steps) gains more; see
+docs/results.md for the 3-seed figures.
 """
 from conftest import torchrun
 

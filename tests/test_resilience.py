@@ -2,6 +2,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -88,9 +89,10 @@ def test_resume_after_sigterm_continues_like_an_uninterrupted_run(tiny_model, tm
     assert "final" in kept and len(kept) <= 3 and not any(k.endswith(".tmp") for k in kept), kept  # keep_checkpoints=2
 
 
-def test_killed_searcher_ends_the_job_fast_and_names_it(tiny_model, tmp_path):
-    out = str(tmp_path / "run")
-    job = start(["engine=hf", "steps=100000", "n_test=20"], out)
+def kill_rank_1(args, out, nproc=3):
+    """Start the job, wait for 4 logged steps, SIGKILL rank 1. Returns (job, its pid, the job's output, seconds from
+    the kill to the job's exit)."""
+    job = start(["engine=hf", "steps=100000", "n_test=20", *args], out, nproc=nproc)
     try:
         wait_for(lambda: os.path.exists(os.path.join(out, "metrics.jsonl"))
                  and len(open(os.path.join(out, "metrics.jsonl")).readlines()) >= 4, 600, job, "training steps")
@@ -98,10 +100,15 @@ def test_killed_searcher_ends_the_job_fast_and_names_it(tiny_model, tmp_path):
         t0 = time.time()
         os.kill(pid, signal.SIGKILL)
         output, _ = job.communicate(timeout=60)
-        elapsed = time.time() - t0
+        return job, pid, output, time.time() - t0
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
+
+
+def test_killed_searcher_ends_the_job_fast_and_names_it(tiny_model, tmp_path):
+    out = str(tmp_path / "run")
+    job, pid, output, elapsed = kill_rank_1([], out)
     assert job.returncode != 0 and elapsed < 60, (job.returncode, elapsed)
     assert f"searcher rank 1 (pid {pid}) died" in output, output[-3000:]
     saved = checkpoint.step_of(checkpoint.latest(os.path.join(out, "checkpoints")))  # the trainer saved what it had
@@ -240,7 +247,14 @@ def test_a_run_never_writes_over_another_run(tiny_model, tmp_path):
 
 def stop_with(sig, out, rows, extra=()):
     """bash launch.sh (the user's command) in its own process group; once metrics.jsonl has `rows` rows, `sig` to
-    the whole group, as scancel, a pre-emption or Ctrl-C send it. Returns (exit code, output, seconds to exit)."""
+    the whole group, as scancel, a pre-emption or Ctrl-C send it. Returns (exit code, output, seconds to exit).
+    Meanwhile torchrun's default port is taken, as by another job on the node: launch.sh must pick a free one."""
+    other_job = socket.socket()
+    try:
+        other_job.bind(("127.0.0.1", 29500))
+        other_job.listen()
+    except OSError:  # something holds it already: just as good
+        pass
     job = subprocess.Popen(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={out}",
                             "engine=hf", "steps=100000", "n_test=40", "progress=false", *extra], cwd=ROOT,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -252,6 +266,7 @@ def stop_with(sig, out, rows, extra=()):
         output, _ = job.communicate(timeout=60)
         return job.returncode, output, time.time() - t0
     finally:
+        other_job.close()
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
 

