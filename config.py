@@ -119,7 +119,7 @@ class Config:
     max_reuse: float = key(0.0, "replay-ratio cap: the trainer trains on at most max_reuse x the samples generated so "
                                 "far and waits for fresh ones (extra sync rounds without weights) rather than reuse "
                                 "the buffer more; makes learning per step independent of the machine's speed. "
-                                "0 = off: it never waits", ge=0)
+                                "Async mode only; 0 = off: it never waits", ge=0)
 
     section("sync")
     k: int = key(2, "trainer steps between sync rounds (trajectories in, weights out)", ge=1)

@@ -349,10 +349,11 @@ def greedy_probe(model, tok, prompt, weights=None):
 
 
 def wait_for_fresh(cfg, comm, state):
-    """max_reuse: before a step, sync rounds without weights until the next B x K samples keep the samples trained
-    on within max_reuse x those generated (0: never wait). Returns the step's waiting metrics."""
+    """max_reuse, async mode: before a step, sync rounds without weights until the next B x K samples keep the samples
+    trained on within max_reuse x those generated (0: never wait; synchronous mode trains on each round's data as it
+    is). Returns the step's waiting metrics."""
     t0, rounds = time.perf_counter(), 0
-    while cfg.max_reuse and state.trained + cfg.B * cfg.K > cfg.max_reuse * state.generated:
+    while cfg.asynchronous and cfg.max_reuse and state.trained + cfg.B * cfg.K > cfg.max_reuse * state.generated:
         gather(comm, state, state.step, Flag.NONE)
         rounds += 1
     return {"sync/reuse_wait_rounds": rounds, "time/reuse_wait_seconds": time.perf_counter() - t0}
