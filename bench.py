@@ -23,6 +23,9 @@ import subprocess
 import sys
 import time
 
+from config import quiet_known_warnings
+
+quiet_known_warnings()  # before torch loads (the standalone timing imports it)
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -48,7 +51,8 @@ def standalone_tokens_per_s(cfg, n_chunks, warmup=3):
     prompts = [encode_prompt(tok, r["prompt"]) for r in records[: n_chunks * cfg.chunk_prompts]]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     ref = load_model(cfg.model, cfg.dtype, device).eval()
-    engine = make_engine(cfg, device, cfg.seed, tok.pad_token_id, tok.eos_token_id, max(map(len, prompts)) + cfg.max_new_tokens + 8)
+    max_len = max(map(len, prompts)) + cfg.max_new_tokens + 8
+    engine = make_engine(cfg, device, cfg.seed, tok.pad_token_id, tok.eos_token_id, max_len)
     stats = dict(tokens=0, gen_s=0.0, samples=0, reward_errors=0)
     for c in range(warmup):
         search_chunk(cfg, engine, ref, tok, task, records, prompts, [c], 0, dict(stats))
@@ -134,20 +138,22 @@ def main():
     import dataclasses
     cfg = dataclasses.replace(cfg, inflight=False)
     res["standalone_tokens_per_s"], res["engine"] = standalone_tokens_per_s(cfg, n_chunks=args.chunks)
-    res["speedup_sync_over_async"] = res["sync"]["loop_seconds_mean"] / res["async"]["loop_seconds_mean"]
-    res["pipeline_vs_standalone"] = res["async"]["searcher_tokens_per_s_median"] / res["standalone_tokens_per_s"]
+    for fast, slow in (("async", "sync"), ("inflight", "sync"), ("inflight", "async")):  # the arms that ran
+        if fast in res and slow in res:
+            res[f"speedup_{slow}_over_{fast}"] = res[slow]["loop_seconds_mean"] / res[fast]["loop_seconds_mean"]
+    if "async" in res:
+        res["pipeline_vs_standalone"] = res["async"]["searcher_tokens_per_s_median"] / res["standalone_tokens_per_s"]
     if "inflight" in res:
         res["standalone_inflight_tokens_per_s"], _ = standalone_tokens_per_s(dataclasses.replace(cfg, inflight=True),
                                                                              n_chunks=args.chunks)
-        res["speedup_sync_over_inflight"] = res["sync"]["loop_seconds_mean"] / res["inflight"]["loop_seconds_mean"]
-        res["speedup_async_over_inflight"] = res["async"]["loop_seconds_mean"] / res["inflight"]["loop_seconds_mean"]
         res["inflight_pipeline_vs_standalone"] = (res["inflight"]["searcher_tokens_per_s_median"]
                                                   / res["standalone_inflight_tokens_per_s"])
     import torch
     if not torch.cuda.is_available():  # every rank shares these cores: the trainer's share is gone for searching
         cores = len(os.sched_getaffinity(0))
         res["cpu_cores"] = cores
-        res["cpu_bound_pipeline_vs_standalone"] = min(1.0, (cores - res["async"]["trainer_cores"]) / cfg.n_searchers)
+        trainer_cores = res[modes[0]]["trainer_cores"]
+        res["cpu_bound_pipeline_vs_standalone"] = min(1.0, (cores - trainer_cores) / cfg.n_searchers)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(res, f, indent=2)
@@ -178,17 +184,18 @@ def main():
          lambda r: f"{r['fresh_samples_per_step']:.1f}")
     line("staleness histogram (updates: samples)", lambda r: str(r["staleness_hist"]))
     line("mixed-version samples in a batch, mean", lambda r: f"{r['mixed_fraction_mean']:.1%}")
-    print(f"\nasync is {res['speedup_sync_over_async']:.2f}x faster than sync for the same steps; "
-          f"searcher in pipeline / standalone ({res['standalone_tokens_per_s']:.0f} tok/s): "
-          f"{res['pipeline_vs_standalone']:.0%}")
-    if "inflight" in res:
-        print(f"in-flight is {res['speedup_sync_over_inflight']:.2f}x faster than sync and "
-              f"{res['speedup_async_over_inflight']:.2f}x faster than chunks for the same steps; searcher in pipeline "
-              f"/ standalone ({res['standalone_inflight_tokens_per_s']:.0f} tok/s in flight): "
-              f"{res['inflight_pipeline_vs_standalone']:.0%}")
+    print()
+    for fast, slow, name in (("async", "sync", "async"), ("inflight", "sync", "in-flight"),
+                             ("inflight", "async", "in-flight")):
+        if f"speedup_{slow}_over_{fast}" in res:
+            print(f"{name} is {res[f'speedup_{slow}_over_{fast}']:.2f}x faster than {names[slow]} for the same steps")
+    for mode, key, standalone in (("async", "pipeline_vs_standalone", "standalone_tokens_per_s"),
+                                  ("inflight", "inflight_pipeline_vs_standalone", "standalone_inflight_tokens_per_s")):
+        if key in res:
+            print(f"{names[mode]}: searcher in the pipeline / standalone ({res[standalone]:.0f} tok/s): {res[key]:.0%}")
     if "cpu_cores" in res:
         print(f"CPU bound for that ratio: (cores - cores the trainer uses) / searchers = ({res['cpu_cores']} - "
-              f"{res['async']['trainer_cores']:.2f}) / {cfg.n_searchers} = "
+              f"{trainer_cores:.2f}) / {cfg.n_searchers} = "
               f"{res['cpu_bound_pipeline_vs_standalone']:.0%} "
               f"of a searcher that has a core to itself")
 

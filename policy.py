@@ -96,7 +96,7 @@ def token_logprobs(model, prompts, responses, temperature, chunk_tokens=2048):
         cols += range(len(p) - 1, len(p) + len(r) - 1)  # position t predicts token t + 1
         targets += list(r)
     ids, attn = ids.to(device), attn.to(device)
-    hidden = model.base_model(input_ids=ids, attention_mask=attn).last_hidden_state
+    hidden = model.base_model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     h = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
     y = torch.tensor(targets, device=device)
     head = model.get_output_embeddings()

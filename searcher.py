@@ -130,13 +130,14 @@ class InFlight:
             started += 1
         return started
 
-    def advance(self):
+    def advance(self, round_due=False):
         """One engine step; the samples that finished (in it, or in a round's probe or evaluation) are kept, and
-        scored once chunk_prompts x S wait."""
+        scored once chunk_prompts x S wait, or at once when a round is due (announced): then the trainer, when it
+        reaches the gather, waits for the rest of one engine step and that step's samples only."""
         t0 = time.perf_counter()
         self.engine.step()
         self.collect()
-        if len(self.done) >= self.cfg.chunk_prompts * self.cfg.S:
+        if len(self.done) >= self.cfg.chunk_prompts * self.cfg.S or round_due:
             self.score()
         self.stats["gen_s"] += time.perf_counter() - t0
 
@@ -296,7 +297,7 @@ def run(cfg, comm, ctx):
         while flight is not None and not comm.is_ready(block=done_prompts >= limit and not engine.flight):
             # announced a train step ahead: generate on until the trainer is at the gather (joins within one step)
             done_prompts += flight.top_up(limit - done_prompts, prompts)
-            flight.advance()
+            flight.advance(round_due=True)
         pending, place = flight.hand_over() if flight is not None else (pending, shard.place(engine))
         if flight is not None and flags & sync.Flag.WEIGHTS:
             # the label of the tokens generated from the load on (the round's probe and evaluation step the running

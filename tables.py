@@ -38,7 +38,7 @@ def load_run(path, metric="accuracy"):
     """The run as a dict, or None when it has not finished (no summary.json)."""
     if not os.path.isfile(os.path.join(path, "config.yaml")):
         fail(f"{path}: not a run directory (no config.yaml)")
-    if not os.path.isfile(os.path.join(path, "summary.json")) or not os.path.isfile(os.path.join(path, "metrics.jsonl")):
+    if not all(os.path.isfile(os.path.join(path, name)) for name in ("summary.json", "metrics.jsonl")):
         return None
     try:
         with open(os.path.join(path, "config.yaml")) as f:
@@ -49,7 +49,8 @@ def load_run(path, metric="accuracy"):
             s = json.load(f)
         if metric not in s["eval_start"] or metric not in s["eval_end"]:
             names = sorted(k for k in s["eval_end"] if k not in ("step", "n"))
-            fail(f"{path}: no eval metric '{metric}' (this run has: {', '.join(names) or 'none'}); pick one with --metric")
+            fail(f"{path}: no eval metric '{metric}' (this run has: {', '.join(names) or 'none'}); "
+                 "pick one with --metric")
         start, final, minutes = s["eval_start"][metric], s["eval_end"][metric], s["wall_seconds"] / 60
         steps = s["steps"]
     except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as e:
@@ -95,7 +96,8 @@ def plot(groups, path, metric="accuracy"):
     except ImportError:
         print("note: matplotlib is not installed, no plot (pip install matplotlib)")
         return
-    panels = [(f"eval/{metric}", "time"), (f"eval/{metric}", "step"), ("train/reward_mean", "time"), ("train/reward_mean", "step")]
+    panels = [(f"eval/{metric}", "time"), (f"eval/{metric}", "step"),
+              ("train/reward_mean", "time"), ("train/reward_mean", "step")]
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for i, (label, runs) in enumerate(groups.items()):
         color = f"C{i % 10}"
@@ -109,16 +111,19 @@ def plot(groups, path, metric="accuracy"):
                 table = np.full((len(curves), len(steps)), np.nan)
                 for k, (xs, ys) in enumerate(curves):
                     table[k, [col[s] for s in xs]] = ys
-                ax.plot(steps, np.nanmean(table, axis=0), color=color, label=label, marker="o" if len(steps) < 20 else None)
+                ax.plot(steps, np.nanmean(table, axis=0), color=color, label=label,
+                        marker="o" if len(steps) < 20 else None)
             else:  # every seed thin, the mean interpolated on the time span all seeds cover
                 for xs, ys in curves:
                     ax.plot(xs, ys, color=color, lw=0.7, alpha=0.3)
                 lo, hi = max(c[0][0] for c in curves), min(c[0][-1] for c in curves)
                 if hi > lo:
                     grid = np.linspace(lo, hi, 200)
-                    ax.plot(grid, np.mean([np.interp(grid, xs, ys) for xs, ys in curves], axis=0), color=color, label=label)
+                    mean = np.mean([np.interp(grid, xs, ys) for xs, ys in curves], axis=0)
+                    ax.plot(grid, mean, color=color, label=label)
             ax.set_xlabel("wall-clock minutes" if x == "time" else "trainer step")
-            ax.set_ylabel(f"{metric} (%)" if metric.split("/")[-1] in PERCENT and metric.startswith("eval/") else metric)
+            pct = metric.split("/")[-1] in PERCENT and metric.startswith("eval/")
+            ax.set_ylabel(f"{metric} (%)" if pct else metric)
             ax.grid(alpha=0.3)
     for ax in axes.flat:
         if ax.get_legend_handles_labels()[0]:
@@ -191,7 +196,8 @@ def main():
                    "attack_success_rate, diversity, log_p_toxic, or any eval/<name> the task logs)")
     args = p.parse_args()
     if not args.runs:
-        fail("no run directories given (usage: python tables.py RUN_DIR... [--group-by k1,k2] [--plot out.png] [--csv out.csv])")
+        fail("no run directories given "
+             "(usage: python tables.py RUN_DIR... [--group-by k1,k2] [--plot out.png] [--csv out.csv])")
     for path in args.runs:
         if not os.path.isdir(path):
             fail(f"{path}: not a run directory")
@@ -199,7 +205,8 @@ def main():
     unfinished = [path for path, r in loaded if r is None]
     runs = [r for _, r in loaded if r is not None]
     if unfinished:
-        print(f"warning: skipping {len(unfinished)} unfinished run(s) (no summary.json): {' '.join(unfinished)}", file=sys.stderr)
+        print(f"warning: skipping {len(unfinished)} unfinished run(s) (no summary.json): {' '.join(unfinished)}",
+              file=sys.stderr)
     if not runs:
         fail("no finished runs to compare")
 
@@ -228,8 +235,8 @@ def main():
         if not args.no_plot:
             plot_against(lines, args.against, args.plot, what)
         return
-    header = (names or ["group"]) + ["n", f"final {what}", f"best {what}", f"start {what}", "gain (pts)" if pct else "gain",
-                                     "wall min", "steps/min"]
+    header = (names or ["group"]) + ["n", f"final {what}", f"best {what}", f"start {what}",
+                                     "gain (pts)" if pct else "gain", "wall min", "steps/min"]
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     records = []

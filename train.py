@@ -41,7 +41,8 @@ def gpu_layout(n_gpus, local_world, local_rank):
     if n_gpus == 1:
         return "shared", 0
     raise ConfigError(f"{local_world} ranks on {n_gpus} GPUs: use {local_world} GPUs (one per rank, NCCL), or "
-                      f"CUDA_VISIBLE_DEVICES=<one gpu> (all ranks share it, CUDA IPC), or n_searchers={n_gpus - 1}")
+                      f"CUDA_VISIBLE_DEVICES=<one gpu> (all ranks share it, CUDA IPC), or {n_gpus} ranks per node "
+                      f"(one node: n_trainers + n_searchers = {n_gpus})")
 
 
 def pin_gpu(gpus, local_world, local_rank):

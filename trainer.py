@@ -22,6 +22,7 @@ import yaml
 from tqdm import tqdm
 
 import checkpoint
+import runlog
 import sync
 import trainer_group
 from buffer import ReplayBuffer
@@ -29,74 +30,6 @@ from config import config_to_dict
 from losses import beta_at, get_loss, lr_at, masked
 from policy import encode_prompt, load_model, trim_at_eos
 from sync import Flag
-
-
-class Logger:
-    """metrics.jsonl (one object per trainer step) + tensorboard scalars under the same names. Resuming from step N
-    keeps the rows and events up to N and appends after them."""
-
-    def __init__(self, out_dir, resume_step=0):
-        from torch.utils.tensorboard import SummaryWriter
-        path = os.path.join(out_dir, "metrics.jsonl")
-        if resume_step and os.path.isfile(path):  # drop rows logged after the checkpoint (they will be redone)
-            with open(path) as f:
-                keep = [line for line in f if line.strip() and json.loads(line)["step"] <= resume_step]
-            with open(path + ".tmp", "w") as f:
-                f.writelines(keep)
-            os.replace(path + ".tmp", path)
-        self.tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=resume_step + 1 if resume_step else None)
-        self.file = open(path, "a" if resume_step else "w")
-        self.last_step = resume_step  # the last step with a row
-
-    def log(self, step, row):
-        for k, v in row.items():
-            if isinstance(v, (int, float)) and k != "step":
-                self.tb.add_scalar(k, v, step)
-        self.file.write(json.dumps({"step": step, **row}) + "\n")
-        self.file.flush()
-        self.last_step = step
-
-    def close(self):
-        self.tb.close()
-        self.file.close()
-
-
-class Timers:
-    """Wall-clock and CPU seconds behind summary.json. They keep counting across a resume."""
-
-    def __init__(self):
-        self.train_s = self.sync_s = self.eval_s = 0.0  # in train steps / sync rounds (with evaluation) / evaluation
-        self.rounds = 0
-        self.t_start = time.perf_counter()  # the run's start (earlier by the checkpoint's elapsed seconds on resume)
-        self.loop_before = self.loop_cpu_before = 0.0  # training loop seconds (wall, CPU) before the resume
-        self.t_loop = self.c_loop = None  # when this process's training loop started (wall, CPU)
-
-    def start_loop(self):
-        self.t_loop, self.c_loop = time.perf_counter(), time.process_time()
-
-    def loop(self):
-        return self.loop_before + (time.perf_counter() - self.t_loop if self.t_loop is not None else 0.0)
-
-    def loop_cpu(self):  # this process's CPU seconds in the loop, all its threads
-        return self.loop_cpu_before + (time.process_time() - self.c_loop if self.c_loop is not None else 0.0)
-
-    def elapsed(self):
-        return time.perf_counter() - self.t_start
-
-    def state_dict(self):
-        return dict(train_s=self.train_s, sync_s=self.sync_s, eval_s=self.eval_s, rounds=self.rounds,
-                    elapsed=self.elapsed(), loop=self.loop(), loop_cpu=self.loop_cpu())
-
-    def load_state_dict(self, d):
-        self.train_s, self.sync_s, self.eval_s, self.rounds = d["train_s"], d["sync_s"], d["eval_s"], d["rounds"]
-        self.t_start = time.perf_counter() - d["elapsed"]
-        self.loop_before, self.loop_cpu_before = d["loop"], d["loop_cpu"]
-
-    def summary(self):
-        loop = self.loop()
-        return {"wall_seconds": self.elapsed(), "loop_seconds": loop, "loop_cpu_seconds": self.loop_cpu(),
-                "trainer_busy_fraction": self.train_s / loop if loop else 0.0, "train_seconds_total": self.train_s,
-                "sync_rounds": self.rounds, "sync_seconds_total": self.sync_s, "eval_seconds_total": self.eval_s}
 
 
 class TrainerState:
@@ -113,7 +46,7 @@ class TrainerState:
         self.skipped = self.bad_in_a_row = 0  # updates skipped for a non-finite loss or gradient: in all, in a row
         self.generated = self.trained = 0  # samples gathered from the searchers / trained on, over the whole run
         self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
-        self.timers = Timers()
+        self.timers = runlog.Timers()
         self.meta = {"weight_delay": cfg.weight_delay}  # in the checkpoint's meta.json: a resume must match it
         if group.size > 1:  # the optimizer state is in one file per trainer rank, for the same T and parallelism
             self.meta.update(n_trainers=group.size, trainer_parallel=group.parallel)
@@ -383,7 +316,8 @@ def stop_reason(cfg, comm, state, signalled, error=None, row=None, where="sync r
         return Stop(f"error: the {where} at step {step} failed: {detail}", 1)
     if state.bad_in_a_row >= cfg.max_bad_steps:
         return Stop(f"error: {cfg.max_bad_steps} updates in a row had a non-finite loss or gradient "
-                    f"(last: step {step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped", 1)
+                    f"(last: step {step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); "
+                    "all were skipped", 1)
     return None
 
 
@@ -415,19 +349,6 @@ def save(cfg, state, tok, name=None):
     return path
 
 
-def write_summary(cfg, state, row, resumed_from):
-    summary = {"steps": state.step, **state.timers.summary(), "skipped_updates": state.skipped,
-               "samples_generated": state.generated, "samples_trained": state.trained,
-               "replay_ratio": state.trained / max(state.generated, 1),
-               "fresh_samples_per_step": state.generated / max(state.step, 1),
-               "resumed_from": resumed_from, "eval_start": state.eval_start, "eval_end": state.last_eval,
-               "final": {k: v for k, v in row.items() if isinstance(v, (int, float))}}
-    tmp = os.path.join(cfg.out_dir, "summary.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2)
-    os.replace(tmp, os.path.join(cfg.out_dir, "summary.json"))
-
-
 # ---------------------------------------------------------------- the run
 
 
@@ -452,7 +373,7 @@ def run(cfg, comm, ctx):
     start = state.step
     if not state.versions:  # weight_delay: the start weights (a resumed run has its last D + 1 versions)
         state.keep_version(cfg.weight_delay)
-    log = Logger(cfg.out_dir, start)
+    log = runlog.Logger(cfg.out_dir, start)
     signalled = catch_signals()
     row = {}  # the metrics of the step being run
     try:
@@ -521,7 +442,7 @@ def run(cfg, comm, ctx):
     weights.close()
     save(cfg, state, tok, "final")
     group.close()
-    write_summary(cfg, state, row, ctx.resume)
+    runlog.write_summary(cfg, state, row, ctx.resume)
     log.close()
     metrics = [k for k in state.last_eval if k not in ("step", "n")]
     print(f"done: {state.step} steps in {state.timers.elapsed():.0f}s; eval " + ", ".join(

@@ -67,7 +67,8 @@ def test_layout_refuses_more_than_one_gpu_but_fewer_than_ranks():
     with pytest.raises(ConfigError) as e:
         train.gpu_layout(3, 4, 1)
     assert str(e.value) == ("4 ranks on 3 GPUs: use 4 GPUs (one per rank, NCCL), or CUDA_VISIBLE_DEVICES=<one gpu> "
-                            "(all ranks share it, CUDA IPC), or n_searchers=2")
+                            "(all ranks share it, CUDA IPC), or 3 ranks per node "
+                            "(one node: n_trainers + n_searchers = 3)")
     with pytest.raises(ConfigError):
         train.gpu_layout(2, 3, 0)  # before: rank 2 on GPU 0 with the trainer, CUDA IPC between GPUs
 
@@ -97,7 +98,7 @@ def test_explicit_weight_transport_must_fit_the_layout():
 
 @pytest.mark.parametrize("gpus, args, env, message", [
     ("0,1,2", ["n_searchers=3"], {}, "error: 4 ranks on 3 GPUs: use 4 GPUs (one per rank, NCCL), or "
-     "CUDA_VISIBLE_DEVICES=<one gpu> (all ranks share it, CUDA IPC), or n_searchers=2"),
+     "CUDA_VISIBLE_DEVICES=<one gpu> (all ranks share it, CUDA IPC), or 3 ranks per node"),
     ("0,1,2", ["n_searchers=7"], {"NPROC_PER_NODE": "4", "NNODES": "2"}, "error: 4 ranks on 3 GPUs:"),
     ("0", ["weight_transport=nccl"], {}, "error: weight_transport=nccl: all ranks share one GPU"),
     ("0,1,2", ["weight_transport=ipc"], {}, "error: weight_transport=ipc: CUDA IPC works within one GPU"),

@@ -1,0 +1,87 @@
+"""What a run leaves in out_dir besides checkpoints: metrics.jsonl and tensorboard events (one row per trainer step,
+the same names in both), the wall-clock and CPU timers, and summary.json at the end."""
+import json
+import os
+import time
+
+
+class Logger:
+    """metrics.jsonl (one object per trainer step) + tensorboard scalars under the same names. Resuming from step N
+    keeps the rows and events up to N and appends after them."""
+
+    def __init__(self, out_dir, resume_step=0):
+        from torch.utils.tensorboard import SummaryWriter
+        path = os.path.join(out_dir, "metrics.jsonl")
+        if resume_step and os.path.isfile(path):  # drop rows logged after the checkpoint (they will be redone)
+            with open(path) as f:
+                keep = [line for line in f if line.strip() and json.loads(line)["step"] <= resume_step]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(keep)
+            os.replace(path + ".tmp", path)
+        self.tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=resume_step + 1 if resume_step else None)
+        self.file = open(path, "a" if resume_step else "w")
+        self.last_step = resume_step  # the last step with a row
+
+    def log(self, step, row):
+        for k, v in row.items():
+            if isinstance(v, (int, float)) and k != "step":
+                self.tb.add_scalar(k, v, step)
+        self.file.write(json.dumps({"step": step, **row}) + "\n")
+        self.file.flush()
+        self.last_step = step
+
+    def close(self):
+        self.tb.close()
+        self.file.close()
+
+
+class Timers:
+    """Wall-clock and CPU seconds behind summary.json. They keep counting across a resume."""
+
+    def __init__(self):
+        self.train_s = self.sync_s = self.eval_s = 0.0  # in train steps / sync rounds (with evaluation) / evaluation
+        self.rounds = 0
+        self.t_start = time.perf_counter()  # the run's start (earlier by the checkpoint's elapsed seconds on resume)
+        self.loop_before = self.loop_cpu_before = 0.0  # training loop seconds (wall, CPU) before the resume
+        self.t_loop = self.c_loop = None  # when this process's training loop started (wall, CPU)
+
+    def start_loop(self):
+        self.t_loop, self.c_loop = time.perf_counter(), time.process_time()
+
+    def loop(self):
+        return self.loop_before + (time.perf_counter() - self.t_loop if self.t_loop is not None else 0.0)
+
+    def loop_cpu(self):  # this process's CPU seconds in the loop, all its threads
+        return self.loop_cpu_before + (time.process_time() - self.c_loop if self.c_loop is not None else 0.0)
+
+    def elapsed(self):
+        return time.perf_counter() - self.t_start
+
+    def state_dict(self):
+        return dict(train_s=self.train_s, sync_s=self.sync_s, eval_s=self.eval_s, rounds=self.rounds,
+                    elapsed=self.elapsed(), loop=self.loop(), loop_cpu=self.loop_cpu())
+
+    def load_state_dict(self, d):
+        self.train_s, self.sync_s, self.eval_s, self.rounds = d["train_s"], d["sync_s"], d["eval_s"], d["rounds"]
+        self.t_start = time.perf_counter() - d["elapsed"]
+        self.loop_before, self.loop_cpu_before = d["loop"], d["loop_cpu"]
+
+    def summary(self):
+        loop = self.loop()
+        return {"wall_seconds": self.elapsed(), "loop_seconds": loop, "loop_cpu_seconds": self.loop_cpu(),
+                "trainer_busy_fraction": self.train_s / loop if loop else 0.0, "train_seconds_total": self.train_s,
+                "sync_rounds": self.rounds, "sync_seconds_total": self.sync_s, "eval_seconds_total": self.eval_s}
+
+
+def write_summary(cfg, state, row, resumed_from):
+    """summary.json: steps, timers, samples generated / trained, evaluations at the start and end, last row."""
+    summary = {"steps": state.step, **state.timers.summary(), "skipped_updates": state.skipped,
+               "samples_generated": state.generated, "samples_trained": state.trained,
+               "replay_ratio": state.trained / max(state.generated, 1),
+               "fresh_samples_per_step": state.generated / max(state.step, 1),
+               "resumed_from": resumed_from, "eval_start": state.eval_start, "eval_end": state.last_eval,
+               "final": {k: v for k, v in row.items() if isinstance(v, (int, float))}}
+    tmp = os.path.join(cfg.out_dir, "summary.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=2)
+    os.replace(tmp, os.path.join(cfg.out_dir, "summary.json"))
