@@ -85,7 +85,9 @@ class Config:
     inflight: bool = key(False, "async with vLLM: the searchers never stop; their engine runs step by step, kept at "
                                 "max_inflight sequences (continuous batching), joins a round between two steps and "
                                 "loads new weights under running sequences, so a sample may span versions. The HF "
-                                "engine and async=false keep generating in chunks")
+                                "engine and async=false keep generating in chunks. Off by default: measured on a "
+                                "CPU, the trainer waits one engine step more per round than with chunks "
+                                "(docs/performance.md)")
     max_inflight: int = key(0, "inflight: sequences kept running per searcher, topped up a prompt visit (S "
                                "sequences) at a time (0 = 2 x chunk_prompts x S)", ge=0)
     searcher_nice: int = key(0, "CPU niceness of the searcher processes; > 0 lets the trainer, the critical path, "
