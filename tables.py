@@ -15,6 +15,7 @@ their start.
 """
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -23,6 +24,9 @@ import sys
 import numpy as np
 import yaml
 
+from config import Config
+
+DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
 IGNORE = ("seed", "out_dir", "resume", "overwrite", "progress")  # never a reason to group runs apart
 ALIASES = {"async": "asynchronous"}  # command-line spelling -> config.yaml key
 PERCENT = ("accuracy", "win_rate", "attack_success_rate")  # fractions, shown in percent
@@ -42,7 +46,7 @@ def load_run(path, metric="accuracy"):
         return None
     try:
         with open(os.path.join(path, "config.yaml")) as f:
-            cfg = yaml.safe_load(f) or {}
+            cfg = {**DEFAULTS, **(yaml.safe_load(f) or {})}  # a run from before a key existed ran its default
         with open(os.path.join(path, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f if line.strip()]
         with open(os.path.join(path, "summary.json")) as f:

@@ -202,3 +202,16 @@ def test_against_a_key_gives_the_drop_and_the_collapses(tmp_path):
         assert os.path.getsize(tmp_path / "against.png") > 0
     p = tables(*dirs, "--against", "m", cwd=tmp_path)
     assert p.returncode == 2 and "does not differ" in p.stderr
+
+
+def test_a_run_from_before_a_key_existed_groups_with_runs_at_its_default(runs, tmp_path):
+    # an older run's config.yaml lacks keys added since (here inflight, at its default): the same group, not its own
+    with open(os.path.join(runs[0], "config.yaml")) as f:
+        cfg = yaml.safe_load(f)
+    del cfg["inflight"]
+    with open(os.path.join(runs[0], "config.yaml"), "w") as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    p = tables(*runs, "--no-plot", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = table_rows(p.stdout)
+    assert rows[0][:2] == ["m", "n"] and [r[:2] for r in rows[1:]] == [["0.5", "3"], ["0.95", "3"]]
