@@ -4,8 +4,8 @@
 # 2 searchers generate per round of k=2 steps at 2 x 4 prompts x S=8 = 64, max_reuse=2 makes the trainer wait for at
 # least that), so the figures do not depend on the machine's speed; seeds 0-2 for tb, grpo, dr_grpo, tba_prime and
 # 0-1 for prime_ratio, rloo, online_dpo, m2po.
-# One seed at a time over every cell, so a partial map is balanced. About 5 minutes per run on 2 CPU cores (80 runs);
-# rerunning skips finished runs (sweep.sh), so the map can be built over several sittings.
+# One seed at a time over every cell, so a partial map is balanced. About 1.2-2.5 minutes per run on an idle 2-core box
+# (88 runs with the S > K block: about 2.5 hours); rerunning skips finished runs (sweep.sh), so it can take several sittings.
 #   bash scripts/staleness_map.sh
 #   python tables.py --against weight_delay --plot docs/staleness.png \
 #     out/staleness/seed*/loss* out/staleness/seed*/tba_prime/*
