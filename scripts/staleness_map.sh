@@ -5,7 +5,7 @@
 # least that), so the figures do not depend on the machine's speed; seeds 0-2 for tb, grpo, dr_grpo, tba_prime and
 # 0-1 for prime_ratio, rloo, online_dpo, m2po.
 # One seed at a time over every cell, so a partial map is balanced. About 1.2-2.5 minutes per run on an idle 2-core box
-# (88 runs with the S > K block: about 2.5 hours); rerunning skips finished runs (sweep.sh), so it can take several sittings.
+# (88 runs with the S > K block: about 2.5 hours); rerunning skips finished runs (sweep.sh): build it in sittings.
 #   bash scripts/staleness_map.sh
 #   python tables.py --against weight_delay --plot docs/staleness.png \
 #     out/staleness/seed*/loss* out/staleness/seed*/tba_prime/*
