@@ -149,11 +149,13 @@ def main():
         res["inflight_pipeline_vs_standalone"] = (res["inflight"]["searcher_tokens_per_s_median"]
                                                   / res["standalone_inflight_tokens_per_s"])
     import torch
-    if not torch.cuda.is_available():  # every rank shares these cores: the trainer's share is gone for searching
+    arm = next((m for m in ("async", "inflight") if m in res), None)  # a pipelined arm, for the CPU bound
+    if arm and not torch.cuda.is_available():  # every rank shares these cores: the trainer's are gone for searching
         cores = len(os.sched_getaffinity(0))
         res["cpu_cores"] = cores
-        trainer_cores = res[modes[0]]["trainer_cores"]
+        trainer_cores = res[arm]["trainer_cores"]
         res["cpu_bound_pipeline_vs_standalone"] = min(1.0, (cores - trainer_cores) / cfg.n_searchers)
+        res["cpu_bound_arm"] = arm
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
         json.dump(res, f, indent=2)
@@ -194,10 +196,9 @@ def main():
         if key in res:
             print(f"{names[mode]}: searcher in the pipeline / standalone ({res[standalone]:.0f} tok/s): {res[key]:.0%}")
     if "cpu_cores" in res:
-        print(f"CPU bound for that ratio: (cores - cores the trainer uses) / searchers = ({res['cpu_cores']} - "
-              f"{trainer_cores:.2f}) / {cfg.n_searchers} = "
-              f"{res['cpu_bound_pipeline_vs_standalone']:.0%} "
-              f"of a searcher that has a core to itself")
+        print(f"CPU bound for that ratio: (cores - cores the {names[arm]} trainer uses) / searchers = "
+              f"({res['cpu_cores']} - {trainer_cores:.2f}) / {cfg.n_searchers} = "
+              f"{res['cpu_bound_pipeline_vs_standalone']:.0%} of a searcher that has a core to itself")
 
 
 if __name__ == "__main__":

@@ -10,13 +10,18 @@ import torch
 from conftest import ROOT
 
 
-def test_bench_runs_both_modes_and_writes_bench_json(tiny_model, tmp_path):
-    out = tmp_path / "bench"
+def bench(out, *args):
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     r = subprocess.run([sys.executable, os.path.join(ROOT, "bench.py"), "--steps", "3", "--chunks", "2", "--out",
-                        str(out), "engine=hf", "n_test=8", "initial_buffer=16"], cwd=ROOT, env=env,
+                        str(out), *args, "engine=hf", "n_test=8", "initial_buffer=16"], cwd=ROOT, env=env,
                        capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return r
+
+
+def test_bench_runs_both_modes_and_writes_bench_json(tiny_model, tmp_path):
+    out = tmp_path / "bench"
+    r = bench(out, "--modes", "sync,async")  # sync listed first: the CPU bound must still come from the async arm
     assert "faster than sync for the same steps" in r.stdout and "| training loop seconds" in r.stdout
     res = json.load(open(out / "bench.json"))
     a, s = res["async"], res["sync"]
@@ -31,4 +36,15 @@ def test_bench_runs_both_modes_and_writes_bench_json(tiny_model, tmp_path):
     assert res["standalone_tokens_per_s"] > 0 and a["trainer_cores"] > 0
     if not torch.cuda.is_available():  # the CPU bound of the pipeline's throughput
         assert 0 < res["cpu_bound_pipeline_vs_standalone"] <= 1 and a["trainer_cores"] < res["cpu_cores"] + 1
+        assert res["cpu_bound_arm"] == "async" and f"{a['trainer_cores']:.2f}) / 2 =" in r.stdout
     assert (out / "async" / "metrics.jsonl").exists() and (out / "sync" / "summary.json").exists()
+
+
+def test_bench_with_one_arm_reports_it_without_speedups(tiny_model, tmp_path):
+    out = tmp_path / "bench"
+    r = bench(out, "--modes", "sync")
+    res = json.load(open(out / "bench.json"))
+    assert not set(res) & {"async", "inflight", "pipeline_vs_standalone", "cpu_cores"} and res["sync"]["steps"] == 3
+    assert not any(key.startswith("speedup_") for key in res) and "faster than" not in r.stdout
+    assert "CPU bound" not in r.stdout
+    assert "| training loop seconds" in r.stdout and " | sync |" in r.stdout
