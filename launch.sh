@@ -12,8 +12,11 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
 NPROC=$("$PY" train.py --prepare "$@") || exit 2      # config, data, model, GPU memory: one line on error
 NPROC="${NPROC##*$'\n'}"
-if [ "${NNODES:-1}" = 1 ] && [ -z "${MASTER_PORT:-}" ]; then   # one node: a free port, so jobs can run side by side
-  MASTER_PORT=$("$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+# One node without MASTER_PORT: torchrun's store listens on a port the OS picks and holds (no --master_port given:
+# c10d rendezvous on localhost:0), so jobs run side by side without racing for a port. Otherwise the given address.
+RDZV=(--local_addr=127.0.0.1)
+if [ "${NNODES:-1}" != 1 ] || [ -n "${MASTER_PORT:-}" ]; then
+  RDZV=(--master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-29500}")
 fi
 # torchrun, translated: SIGTERM / SIGINT (scancel, pre-emption, Ctrl-C) end the job with 128 + the signal, i.e.
 # stopped and resumable with resume=auto, and a failed rank ends it with that rank's exit code (the trainer's when it
@@ -32,7 +35,6 @@ except SignalException as e:
 except ChildFailedError as e:
     failure = e.failures.get(0) or e.get_first_failure()[1]
     sys.exit(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
-' --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" \
-  --master_addr="${MASTER_ADDR:-127.0.0.1}" --master_port="${MASTER_PORT:-29500}" \
+' --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" "${RDZV[@]}" \
   --nproc_per_node="${NPROC_PER_NODE:-$NPROC}" \
   train.py "$@"
