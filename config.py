@@ -49,7 +49,7 @@ class Config:
                                    "trains on exactly that data)")
 
     section("model")
-    model: str = key(".cache/tiny-arith/sft", "policy and reference: local HF folder or hub id")
+    model: str = key("assets/tiny-arith/sft", "policy and reference: local HF folder or hub id")
     dtype: str = key("float32", "precision of the trainer's weights and the engine's weights",
                      choices=("float32", "bfloat16"))
     device: str = key("auto", "where the models run (auto: cuda when available, else cpu)",

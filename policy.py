@@ -1,4 +1,6 @@
 """The model side shared by trainer and searchers: loading, prompt encoding and sequence log-probabilities."""
+import functools
+import hashlib
 import os
 
 import torch
@@ -11,8 +13,50 @@ class ModelError(Exception):
     """A model path that cannot be loaded: printed as one line, exit code 2."""
 
 
+ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")  # the tiny models this repository ships
+SUMS = "SHA256SUMS"  # in ASSETS: `sha256sum` lines, one per shipped file (assets/README.md says how they were made)
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def check_shipped(path):
+    """A path inside assets/ must hold exactly the bytes assets/SHA256SUMS lists for it (so every machine runs the
+    same tiny models); ModelError names the first file that is missing or differs. Other paths: nothing to check."""
+    real = os.path.realpath(path)
+    root = os.path.realpath(ASSETS)
+    if real == root or not real.startswith(root + os.sep):
+        return
+    listed = {os.path.join(root, name): digest for name, digest in _shipped(root).items()}
+    mine = {file: digest for file, digest in listed.items() if file == real or file.startswith(real + os.sep)}
+    if not mine:
+        raise ModelError(f"{path} is not among the shipped files (assets/{SUMS})")
+    for file, digest in mine.items():
+        if not os.path.isfile(file):
+            raise ModelError(f"{file} is missing (restore it: git checkout -- assets)")
+        if _file_sum(file, os.path.getmtime(file), os.path.getsize(file)) != digest:
+            raise ModelError(f"{file} is not the shipped file: its checksum differs from assets/{SUMS} "
+                             "(restore it: git checkout -- assets)")
+
+
+@functools.cache
+def _shipped(root):
+    """assets/SHA256SUMS as {relative path: sha256}."""
+    with open(os.path.join(root, SUMS)) as f:
+        pairs = [line.split(None, 1) for line in f.read().splitlines() if line.strip()]
+    return {name.lstrip("*"): digest for digest, name in pairs}  # "*": sha256sum's binary-mode mark
+
+
+@functools.cache
+def _file_sum(file, mtime, size):  # once per file version and process: loaders call check_shipped often
+    return sha256(file)
+
+
 def load_tokenizer(path):
     from transformers import AutoTokenizer
+    check_shipped(path)
     try:
         tok = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
@@ -28,6 +72,7 @@ def load_model(path, dtype, device):
     logging.disable_progress_bar()  # no "Loading weights" bar per rank in the run's log
     if not os.path.isdir(path) and os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ModelError(f"model path not found: {path} (and HF_HUB_OFFLINE=1)")
+    check_shipped(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=DTYPES[dtype])
     except (OSError, ValueError) as e:

@@ -65,7 +65,7 @@ import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
 
 import checkpoint  # noqa: E402
 from engine import engine_name, position_limit  # noqa: E402
-from policy import ModelError, fit_new_tokens, load_tokenizer, longest_prompt  # noqa: E402
+from policy import ModelError, check_shipped, fit_new_tokens, load_tokenizer, longest_prompt  # noqa: E402
 from rewards import DataError, get_task  # noqa: E402
 
 
@@ -154,13 +154,12 @@ def lower_priority(nice):
 def prepare(cfg):
     """Checks that need no process group, run by launch.sh before torchrun: one clear line on a bad input. The GPU
     layout is the whole job's: n_trainers + n_searchers ranks on this node unless NPROC_PER_NODE says otherwise."""
-    if not os.path.exists(cfg.model) and cfg.model.startswith(".cache/tiny-"):
-        subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "make_tiny.py"),
-                        "--out", cfg.model], check=True, stdout=sys.stderr)
     for key in ("model", "reward_model", "judge_model", "victim_model", "embed_model"):  # local paths only
         path = getattr(cfg, key)
-        if path.startswith((".", "/")) and not os.path.isdir(path):
+        if path.startswith((".", "/", "assets/")) and not os.path.isdir(path):
             raise ModelError(f"{key} path not found: {path}")
+    for key in ("model", "reward_model", "judge_model", "victim_model", "train_data", "test_data"):
+        check_shipped(getattr(cfg, key))  # the shipped tiny models and data: the bytes assets/SHA256SUMS lists
     local_world = int(os.environ.get("NPROC_PER_NODE") or cfg.n_trainers + cfg.n_searchers)
     ctx = Context(cfg, local_world, one_node=int(os.environ.get("NNODES", 1)) == 1)
     longest = longest_prompt(ctx.tok, [r["prompt"] for r in ctx.train + ctx.test])

@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from policy import DTYPES, ModelError
+from policy import DTYPES, ModelError, check_shipped
 
 
 def resolve(path, default, key):
@@ -36,6 +36,7 @@ class Classifier:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
         from transformers.utils import logging
         logging.disable_progress_bar()
+        check_shipped(path)
         try:
             self.tok = AutoTokenizer.from_pretrained(path)
             self.model = AutoModelForSequenceClassification.from_pretrained(path, dtype=DTYPES[dtype])

@@ -4,7 +4,7 @@ Data: vwxyzjn/summarize_from_feedback_tldr_3_filtered_oai_preprocessing_17063811
 the hub). The prompt is the row's "query" as it is (it already ends in "TL;DR:" and is at most 512 tokens: the set is
 pre-filtered); the record's "answer" is the human "reference_response". Evaluation uses the "validation" split (the
 config's test data). A local .jsonl / .json / .parquet file with the same two fields works too, e.g. the synthetic
-posts that scripts/make_tiny_models.py writes for the tiny CPU run.
+posts that scripts/make_tiny_models.py wrote for the tiny CPU run (shipped in assets/tiny-tldr).
 
 Reward (searchers, `make_scorer`): the score of a Hugging Face sequence-classification reward model (config key
 `reward_model`; the paper's is the Pythia RM trained on the 6.9B judge's preferences) on prompt + completion + EOS,
@@ -41,8 +41,8 @@ def load(source, split):
     try:
         rows = read_records(source, "validation" if split == "test" else split)
     except DataError as e:
-        if ".cache/tiny-tldr/" in source:  # the tiny run's synthetic posts
-            raise DataError(f"{e} (build it: python scripts/make_tiny_models.py)") from None
+        if "assets/tiny-tldr/" in source:  # the tiny run's synthetic posts, shipped
+            raise DataError(f"{e} (restore it: git checkout -- assets)") from None
         raise
     require(source, rows, ["query", "reference_response"])
     return [{"prompt": row["query"], "answer": row["reference_response"]} for _, row in rows]

@@ -3,7 +3,7 @@
 # It checks every layout the node allows: with 2+ GPUs "own" (a GPU per rank, weights by NCCL) and "shared" (every rank
 # on one GPU, CUDA IPC); with 1 GPU shared only; without a GPU a CPU dry run (gloo, tiny model only). Per layout:
 #  1. weight transport alone (scripts/check_transport.py): 5 pushes of the 1.1B shape (CPU: tiny), bit-exact, timed
-#  2. train.py, trainer + 1 searcher, 4 steps, check_sync=true, for the tiny model (.cache/tiny-arith/sft) and a
+#  2. train.py, trainer + 1 searcher, 4 steps, check_sync=true, for the tiny model (assets/tiny-arith/sft) and a
 #     TinyLlama-1.1B-shaped model (random bf16 weights built here, no download); engine vllm if it imports, else hf
 # and once: 3. a bare forward+backward+AdamW of one micro-batch, the MFU the loop is compared with.
 # Prints one PASS/FAIL table (probe match, sync and push seconds, MFU, trainer and searcher tokens/s, peak memory; by
@@ -15,10 +15,6 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out/gpu_check}; PY=${PY:-python3}; BUDGET_S=${BUDGET_S:-300}; PEAK_TFLOPS=${PEAK_TFLOPS:-790}
 mkdir -p "$OUT"; : > "$OUT/checks.tsv"
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-if [ ! -d .cache/tiny-arith/sft ]; then  # a fresh clone: the tiny model is built once (about 2 min, not in BUDGET_S)
-  echo "== building the tiny model in .cache/tiny-arith/sft"
-  timeout 900 $PY scripts/make_tiny.py --out .cache/tiny-arith/sft
-fi
 START=$SECONDS; PORT=$((29500 + RANDOM % 400))
 
 # check CASE KIND RESULT CAP CMD...: CMD under a timeout (CAP seconds or what is left of BUDGET_S), its output in
@@ -55,7 +51,7 @@ if [[ " $MODELS " == *" 1b "* ]] && [ ! -d "$OUT/model_1b" ]; then
   CUDA_VISIBLE_DEVICES=${G[0]:-} timeout 300 $PY - "$OUT/model_1b" <<'PYEOF'
 import os, sys, torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
-tok = AutoTokenizer.from_pretrained(".cache/tiny-arith/sft")  # its tokenizer: the arith task's prompts
+tok = AutoTokenizer.from_pretrained("assets/tiny-arith/sft")  # its tokenizer: the arith task's prompts
 cfg = LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                   num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False,
                   max_position_embeddings=2048,
@@ -81,7 +77,7 @@ for LAYOUT in $LAYOUTS; do
     $PY -m torch.distributed.run --nproc_per_node=2 --master_port=$PORT scripts/check_transport.py --shape $TSHAPE \
     --transport $WT --pushes 5 --json "$OUT/$LAYOUT-transport.json"
   for M in $MODELS; do
-    if [ "$M" = tiny ]; then MODEL=.cache/tiny-arith/sft; EXTRA=; CAP=150
+    if [ "$M" = tiny ]; then MODEL=assets/tiny-arith/sft; EXTRA=; CAP=150
     else MODEL=$OUT/model_1b; CAP=200
       EXTRA="B=8 K=16 S=16 chunk_prompts=4 initial_buffer=128 max_new_tokens=128"  # GSM8K-like lengths, 4 steps
     fi
@@ -92,7 +88,7 @@ for LAYOUT in $LAYOUTS; do
   done
 done
 
-BARE=tiny; BARE_MODEL=.cache/tiny-arith/sft; [ "$TSHAPE" = tinyllama ] && BARE=1b && BARE_MODEL=$OUT/model_1b
+BARE=tiny; BARE_MODEL=assets/tiny-arith/sft; [ "$TSHAPE" = tinyllama ] && BARE=1b && BARE_MODEL=$OUT/model_1b
 check "bare-$BARE" bare "$OUT/bare.json" 90 env CUDA_VISIBLE_DEVICES=${G[0]:-} $PY - "$BARE_MODEL" "$OUT/bare.json" \
   "$PEAK" <<'PYEOF'
 # bare forward + backward + AdamW of one micro-batch: 20 x 552 tokens on a GPU (GSM8K's shape), 8 x 128 on a CPU

@@ -1,11 +1,13 @@
-"""Build the tiny arith model: a word-level tokenizer and a 2-layer Llama warm-started by SFT (reference/tiny_learning.md).
+"""Build the tiny arith model: a word-level tokenizer and a 2-layer Llama warm-started by SFT (docs/results.md).
 
-    python scripts/make_tiny.py --out .cache/tiny-arith/sft [--seed 0] [--target 0.45]
+    python scripts/make_tiny.py --out assets/tiny-arith/sft [--seed 0] [--target 0.45]
 
 SFT (cross-entropy on solution tokens + eos) on rewards/arith's train split stops when greedy accuracy on the dev split
 first reaches --target; RL then has room to improve. The folder is built in <out>.tmp and renamed when complete; an
 existing <out> is left alone. <out>/tiny_info.json records seed, steps, SFT seconds and dev / test greedy accuracy.
-Same seed, same weights (fixed thread count, deterministic data order).
+Same seed and machine, same weights (fixed thread count, deterministic data order); another machine may stop at
+another step with other weights (floating-point details), which is why the repository ships the model it made
+(assets/README.md) and runs load that.
 """
 import argparse
 import json
@@ -122,7 +124,7 @@ def sft(model, tok, train, dev, seed, target, lr=1e-3, batch_size=64, max_steps=
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=".cache/tiny-arith/sft")
+    ap.add_argument("--out", default="assets/tiny-arith/sft")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--target", type=float, default=0.45, help="stop SFT when dev greedy accuracy first reaches this")
     ap.add_argument("--lr", type=float, default=1e-3)

@@ -1,9 +1,11 @@
 """Build the tiny local assets of the model-based tasks (rewards/tldr.py, rewards/redteam.py), for CPU runs and tests.
 
-    python scripts/make_tiny_models.py [--out .cache]         # builds what is missing; under a minute on one core
+    python scripts/make_tiny_models.py [--out assets]   # builds what is missing (under a minute), then SHA256SUMS
 
-All models are 2-layer Llama sequence classifiers over the tiny arith tokenizer (scripts/make_tiny.py), so the tiny
-policy .cache/tiny-arith/sft can be the TL;DR policy, the red-team attacker and the red-team victim.
+The repository ships what this made (assets/README.md); the models are trained on the machine that runs it and may
+differ from machine to machine in their last bits. All are 2-layer Llama sequence classifiers over the tiny arith
+tokenizer (scripts/make_tiny.py), so the tiny policy assets/tiny-arith/sft can be the TL;DR policy, the red-team
+attacker and the red-team victim.
 
     tiny-tldr/train.jsonl, test.jsonl   synthetic posts in the TL;DR dataset's layout: "query" = "SUBREDDIT: r/...
                                         TITLE: ... POST: ... TL;DR:" (the frame's own words are unknown to the tiny
@@ -15,7 +17,9 @@ policy .cache/tiny-arith/sft can be the TL;DR policy, the red-team attacker and 
     tiny-redteam/toxicity               two-label classifier (id2label non-toxic / toxic) of a synthetic "toxicity":
                                         a text is toxic when it contains the digit 9 (the victim, the arith model,
                                         answers with numbers, so an attacker can learn to provoke it).
-Each folder is built in <folder>.tmp and renamed when complete; an existing one is left alone. Same seed, same files.
+Each folder is built in <folder>.tmp and renamed when complete; an existing one is left alone. Last, <out>/SHA256SUMS
+is written anew over every file under <out> (make_tiny.py's model included): the list policy.check_shipped holds the
+shipped files to.
 """
 import argparse
 import json
@@ -163,7 +167,7 @@ def build(path, make, tok=None):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.path.join(ROOT, ".cache"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "assets"))
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     import torch
@@ -178,6 +182,17 @@ def main():
     build(os.path.join(tldr, "rm"), lambda tmp: train_rm(tok, args.seed, 100, log), tok)
     build(os.path.join(tldr, "judge"), lambda tmp: train_rm(tok, args.seed + 1, 100, log), tok)
     build(os.path.join(red, "toxicity"), lambda tmp: train_toxicity(tok, args.seed, 100, log), tok)
+    write_sums(args.out)
+
+
+def write_sums(root):
+    """<root>/SHA256SUMS: `sha256sum` lines for every file under root but README.md and the list itself."""
+    from policy import SUMS, sha256
+    files = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs
+                   if ".tmp" not in d and f not in (SUMS, "README.md"))
+    with open(os.path.join(root, SUMS), "w") as f:
+        f.writelines(f"{sha256(os.path.join(root, name))}  {name}\n" for name in files)
+    print(f"wrote {os.path.join(root, SUMS)} ({len(files)} files)", flush=True)
 
 
 if __name__ == "__main__":

