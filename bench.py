@@ -7,13 +7,13 @@ alone on the same prompts. A benchmark, not a test: it reports figures, it asser
 
 Runs `launch.sh CONFIG` in each mode (async: async=true inflight=false; sync: async=false; inflight: async=true
 inflight=true; the HF engine has no in-flight mode, so that arm is left out with it), alternately, `repeats` times
-each, with identical settings (evaluation only at the start and the end, on 64 problems: it is outside the timed loop
-anyway), then times one searcher's work (generation + reference log-probs + rewards: searcher.search_chunk, and
-searcher.InFlight for the in-flight arm) in this process with nothing else running. The timed loop starts after the
-initial buffer and leaves out the final evaluation; the speedups are ratios of the mean loop times, the other figures
-come from the run closest to its mode's mean. The trainer's wait per sync round is time/wait_seconds of the steps
-with a round (the gather, the push, and waiting for the searchers to join). On a CPU it also prints the most a
-searcher inside the pipeline can get of its standalone rate when every rank shares the same cores.
+each, with identical settings (evaluation only at the start and the end, on 64 problems, both outside the timed
+loop), then times one searcher's work (generation + reference log-probs + rewards: Searcher.search, and
+InFlightSearch for the in-flight arm, searcher.py) in this process with nothing else running. The timed loop starts
+after the initial buffer and leaves out the final evaluation; the speedups are ratios of the mean loop times, the
+other figures come from the run closest to its mode's mean. The trainer's wait per sync round is time/wait_seconds of
+the steps with a round (the gather, the push, and waiting for the searchers to join). On a CPU it also prints the
+most a searcher inside the pipeline can get of its standalone rate when every rank shares the same cores.
 """
 import argparse
 import json
@@ -38,13 +38,15 @@ def run(cfg_path, overrides, out_dir):
 
 
 def standalone_tokens_per_s(cfg, n_chunks, warmup=3):
-    """One searcher's work, alone on the machine: tokens / seconds of search_chunk over n_chunks chunks (after
-    `warmup` chunks that are not timed)."""
+    """One searcher's work, alone on the machine: tokens / seconds of Searcher.search over n_chunks chunks (after
+    `warmup` chunks that are not timed), or of in-flight search over the same prompt visits."""
+    import dataclasses
+
     import torch
     from engine import make_engine
     from policy import encode_prompt, load_model, load_tokenizer
     from rewards import get_task
-    from searcher import search_chunk
+    from searcher import InFlightSearch, Searcher, Shard
     task = get_task(cfg.task)
     records = task.load(cfg.train_data or task.DEFAULT_TRAIN, "train")
     tok = load_tokenizer(cfg.model)
@@ -53,26 +55,20 @@ def standalone_tokens_per_s(cfg, n_chunks, warmup=3):
     ref = load_model(cfg.model, cfg.dtype, device).eval()
     max_len = max(map(len, prompts)) + cfg.max_new_tokens + 8
     engine = make_engine(cfg, device, cfg.seed, tok.pad_token_id, tok.eos_token_id, max_len)
-    stats = dict(tokens=0, gen_s=0.0, samples=0, reward_errors=0)
-    for c in range(warmup):
-        search_chunk(cfg, engine, ref, tok, task, records, prompts, [c], 0, dict(stats))
+    searcher = Searcher(cfg, engine, ref, tok, task, records, prompts, Shard(1, 1, len(prompts), cfg.seed))
+    for c in range(warmup):  # counted apart
+        dataclasses.replace(searcher, stats=dict(searcher.stats)).search([c], 0)
     if cfg.inflight and engine.name == "vllm":  # the same prompt visits, kept at max_inflight running sequences
-        from searcher import InFlight, Shard, make_samples
-        shard = Shard(1, 1, len(prompts), cfg.seed)
-        flight = InFlight(cfg, engine, shard, lambda flat: make_samples(cfg, ref, tok, task, records, prompts, flat,
-                                                                        stats), stats)
-        started = 0
+        flight, started = InFlightSearch(searcher), 0
         while started < len(prompts) or engine.flight:
-            started += flight.top_up(len(prompts) - started, prompts)
-            flight.advance()
+            started += flight.work(len(prompts) - started)
         flight.hand_over()
     else:
         for c in range(n_chunks):
-            pids = list(range(c * cfg.chunk_prompts, (c + 1) * cfg.chunk_prompts))
-            search_chunk(cfg, engine, ref, tok, task, records, prompts, pids, 0, stats)
+            searcher.search(list(range(c * cfg.chunk_prompts, (c + 1) * cfg.chunk_prompts)), 0)
     if hasattr(engine, "shutdown"):
         engine.shutdown()
-    return stats["tokens"] / stats["gen_s"], engine.name
+    return searcher.stats["tokens"] / searcher.stats["gen_s"], engine.name
 
 
 MODES = {"async": ["async=true", "inflight=false"], "sync": ["async=false", "inflight=false"],
@@ -104,7 +100,8 @@ def measure(rows, summary, launch_seconds):
         "fresh_samples_per_step": sum(r.get("sync/samples", 0) for r in rows[1:]) / summary["steps"]}
 
 
-def main():
+def parse_args():
+    """(options, overrides): bench.py's own options, and the config keys every run gets (the arms add their own)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("config", nargs="?", default=os.path.join(ROOT, "configs", "tiny.yaml"))
     ap.add_argument("--steps", type=int, default=40)
@@ -115,14 +112,11 @@ def main():
     args, overrides = ap.parse_known_args()
     if "=" in args.config:  # no config file given, only overrides
         overrides, args.config = [args.config, *overrides], os.path.join(ROOT, "configs", "tiny.yaml")
-    overrides = [f"steps={args.steps}", "eval_every=0", "n_test=64", "time_budget_min=0", *overrides]
-    from config import load_config
-    from engine import engine_name
-    cfg = load_config(args.config, overrides)
-    modes = args.modes.split(",")
-    if "inflight" in modes and engine_name(cfg.engine) != "vllm":
-        print("note: no in-flight arm: the HF engine generates in chunks", file=sys.stderr)
-        modes.remove("inflight")
+    return args, [f"steps={args.steps}", "eval_every=0", "n_test=64", "time_budget_min=0", *overrides]
+
+
+def run_arms(args, overrides, modes):
+    """{mode: [the figures of each run]}: every arm `repeats` times, the arms alternating."""
     runs = {mode: [] for mode in modes}
     for i in range(args.repeats):
         for mode in runs:
@@ -130,22 +124,28 @@ def main():
             out_dir = os.path.join(args.out, mode if args.repeats == 1 else f"{mode}{i}")
             rows, summary = run(args.config, overrides + MODES[mode], out_dir)
             runs[mode].append(measure(rows, summary, time.perf_counter() - t0))
-    res = {}
-    for mode, rs in runs.items():  # the run closest to the mean loop time stands for the mode; every run is kept
-        mean = st.mean(r["loop_seconds"] for r in rs)
-        res[mode] = dict(min(rs, key=lambda r: abs(r["loop_seconds"] - mean)), loop_seconds_mean=mean,
-                         loop_seconds_all=[r["loop_seconds"] for r in rs])
+    return runs
+
+
+def results(runs, cfg, n_chunks):
+    """bench.json: per mode the run closest to its mean loop time (every run's loop time kept), the standalone
+    searcher rates, the ratios between arms and, on a CPU, the bound on a searcher's share inside the pipeline."""
     import dataclasses
-    cfg = dataclasses.replace(cfg, inflight=False)
-    res["standalone_tokens_per_s"], res["engine"] = standalone_tokens_per_s(cfg, n_chunks=args.chunks)
+    res = {}
+    for mode, mode_runs in runs.items():  # the run closest to the mean loop time stands for the mode
+        mean = st.mean(r["loop_seconds"] for r in mode_runs)
+        res[mode] = dict(min(mode_runs, key=lambda r: abs(r["loop_seconds"] - mean)), loop_seconds_mean=mean,
+                         loop_seconds_all=[r["loop_seconds"] for r in mode_runs])
+    chunked = dataclasses.replace(cfg, inflight=False)
+    res["standalone_tokens_per_s"], res["engine"] = standalone_tokens_per_s(chunked, n_chunks=n_chunks)
     for fast, slow in (("async", "sync"), ("inflight", "sync"), ("inflight", "async")):  # the arms that ran
         if fast in res and slow in res:
             res[f"speedup_{slow}_over_{fast}"] = res[slow]["loop_seconds_mean"] / res[fast]["loop_seconds_mean"]
     if "async" in res:
         res["pipeline_vs_standalone"] = res["async"]["searcher_tokens_per_s_median"] / res["standalone_tokens_per_s"]
     if "inflight" in res:
-        res["standalone_inflight_tokens_per_s"], _ = standalone_tokens_per_s(dataclasses.replace(cfg, inflight=True),
-                                                                             n_chunks=args.chunks)
+        res["standalone_inflight_tokens_per_s"], _ = standalone_tokens_per_s(
+            dataclasses.replace(chunked, inflight=True), n_chunks=n_chunks)
         res["inflight_pipeline_vs_standalone"] = (res["inflight"]["searcher_tokens_per_s_median"]
                                                   / res["standalone_inflight_tokens_per_s"])
     import torch
@@ -153,52 +153,77 @@ def main():
     if arm and not torch.cuda.is_available():  # every rank shares these cores: the trainer's are gone for searching
         cores = len(os.sched_getaffinity(0))
         res["cpu_cores"] = cores
-        trainer_cores = res[arm]["trainer_cores"]
-        res["cpu_bound_pipeline_vs_standalone"] = min(1.0, (cores - trainer_cores) / cfg.n_searchers)
+        res["cpu_bound_pipeline_vs_standalone"] = min(1.0, (cores - res[arm]["trainer_cores"]) / cfg.n_searchers)
         res["cpu_bound_arm"] = arm
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump(res, f, indent=2)
-    cols = [m for m in MODES if m in runs]
-    names = {"async": "async (chunks)", "sync": "sync", "inflight": "async in-flight"}
+    return res
 
-    def line(label, fmt):  # one table row: `fmt(figures of a mode)` per column
+
+NAMES = {"async": "async (chunks)", "sync": "sync", "inflight": "async in-flight"}  # the arms' column headings
+
+
+def print_table(res, cols, args, cfg):
+    """The markdown table: a row per figure, a column per arm that ran (cols)."""
+    def row(label, fmt):  # `fmt(figures of a mode)` per column
         print(f"| {label} | " + " | ".join(fmt(res[m]) for m in cols) + " |")
-    print(f"| {args.steps} trainer steps, engine {res['engine']} | " + " | ".join(names[m] for m in cols) + " |")
+    print(f"| {args.steps} trainer steps, engine {res['engine']} | " + " | ".join(NAMES[m] for m in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
-    line("training loop seconds (after the initial buffer, without the final evaluation)",
-         lambda r: f"{r['loop_seconds_mean']:.1f}")
+    row("training loop seconds (after the initial buffer, without the final evaluation)",
+        lambda r: f"{r['loop_seconds_mean']:.1f}")
     if args.repeats > 1:
-        line("... each run", lambda r: " / ".join(f"{x:.1f}" for x in r["loop_seconds_all"]))
-    line("train / wait seconds per step",
-         lambda r: f"{r['train_seconds_per_step']:.3f} / {r['wait_seconds_per_step']:.3f}")
-    line("trainer wait per sync round, median / max (time/wait_seconds)",
-         lambda r: f"{r['round_wait_seconds_median']:.3f} / {r['round_wait_seconds_max']:.2f}")
-    line("sync round seconds, median / max (sync/seconds)",
-         lambda r: f"{r['sync_seconds_median']:.3f} / {r['sync_seconds_max']:.2f}")
-    line("whole run seconds (incl. start eval, buffer fill, end eval)", lambda r: f"{r['wall_seconds']:.1f}")
-    line("trainer busy (fwd+bwd+opt / loop time)", lambda r: f"{r['trainer_busy_fraction']:.0%}")
-    line("trainer CPU use (cores, CPU seconds / loop seconds)", lambda r: f"{r['trainer_cores']:.2f}")
-    line("weight push seconds, mean", lambda r: f"{r['push_seconds_mean']:.3f}")
-    line("searcher tokens/s in the pipeline (median, per searcher)",
-         lambda r: f"{r['searcher_tokens_per_s_median']:.0f}")
-    line(f"fresh samples per step (generated; the step consumes {cfg.B * cfg.K})",
-         lambda r: f"{r['fresh_samples_per_step']:.1f}")
-    line("staleness histogram (updates: samples)", lambda r: str(r["staleness_hist"]))
-    line("mixed-version samples in a batch, mean", lambda r: f"{r['mixed_fraction_mean']:.1%}")
-    print()
+        row("... each run", lambda r: " / ".join(f"{x:.1f}" for x in r["loop_seconds_all"]))
+    row("train / wait seconds per step",
+        lambda r: f"{r['train_seconds_per_step']:.3f} / {r['wait_seconds_per_step']:.3f}")
+    row("trainer wait per sync round, median / max (time/wait_seconds)",
+        lambda r: f"{r['round_wait_seconds_median']:.3f} / {r['round_wait_seconds_max']:.2f}")
+    row("sync round seconds, median / max (sync/seconds)",
+        lambda r: f"{r['sync_seconds_median']:.3f} / {r['sync_seconds_max']:.2f}")
+    row("whole run seconds (incl. start eval, buffer fill, end eval)", lambda r: f"{r['wall_seconds']:.1f}")
+    row("trainer busy (fwd+bwd+opt / loop time)", lambda r: f"{r['trainer_busy_fraction']:.0%}")
+    row("trainer CPU use (cores, CPU seconds / loop seconds)", lambda r: f"{r['trainer_cores']:.2f}")
+    row("weight push seconds, mean", lambda r: f"{r['push_seconds_mean']:.3f}")
+    row("searcher tokens/s in the pipeline (median, per searcher)",
+        lambda r: f"{r['searcher_tokens_per_s_median']:.0f}")
+    row(f"fresh samples per step (generated; the step consumes {cfg.B * cfg.K})",
+        lambda r: f"{r['fresh_samples_per_step']:.1f}")
+    row("staleness histogram (updates: samples)", lambda r: str(r["staleness_hist"]))
+    row("mixed-version samples in a batch, mean", lambda r: f"{r['mixed_fraction_mean']:.1%}")
+
+
+def print_ratios(res, cfg):
+    """The ratios under the table: loop time between arms, a searcher's rate in the pipeline against standalone, and
+    the CPU bound on that ratio."""
     for fast, slow, name in (("async", "sync", "async"), ("inflight", "sync", "in-flight"),
                              ("inflight", "async", "in-flight")):
         if f"speedup_{slow}_over_{fast}" in res:
-            print(f"{name} is {res[f'speedup_{slow}_over_{fast}']:.2f}x faster than {names[slow]} for the same steps")
+            print(f"{name} is {res[f'speedup_{slow}_over_{fast}']:.2f}x faster than {NAMES[slow]} for the same steps")
     for mode, key, standalone in (("async", "pipeline_vs_standalone", "standalone_tokens_per_s"),
                                   ("inflight", "inflight_pipeline_vs_standalone", "standalone_inflight_tokens_per_s")):
         if key in res:
-            print(f"{names[mode]}: searcher in the pipeline / standalone ({res[standalone]:.0f} tok/s): {res[key]:.0%}")
+            print(f"{NAMES[mode]}: searcher in the pipeline / standalone ({res[standalone]:.0f} tok/s): {res[key]:.0%}")
     if "cpu_cores" in res:
-        print(f"CPU bound for that ratio: (cores - cores the {names[arm]} trainer uses) / searchers = "
-              f"({res['cpu_cores']} - {trainer_cores:.2f}) / {cfg.n_searchers} = "
+        arm = res["cpu_bound_arm"]
+        print(f"CPU bound for that ratio: (cores - cores the {NAMES[arm]} trainer uses) / searchers = "
+              f"({res['cpu_cores']} - {res[arm]['trainer_cores']:.2f}) / {cfg.n_searchers} = "
               f"{res['cpu_bound_pipeline_vs_standalone']:.0%} of a searcher that has a core to itself")
+
+
+def main():
+    args, overrides = parse_args()
+    from config import load_config
+    from engine import engine_name
+    cfg = load_config(args.config, overrides)
+    modes = args.modes.split(",")
+    if "inflight" in modes and engine_name(cfg.engine) != "vllm":
+        print("note: no in-flight arm: the HF engine generates in chunks", file=sys.stderr)
+        modes.remove("inflight")
+    runs = run_arms(args, overrides, modes)
+    res = results(runs, cfg, args.chunks)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as f:
+        json.dump(res, f, indent=2)
+    print_table(res, [m for m in MODES if m in runs], args, cfg)
+    print()
+    print_ratios(res, cfg)
 
 
 if __name__ == "__main__":

@@ -23,9 +23,9 @@ class Sample:
     logp_ref: np.ndarray  # per-token log-probs under the frozen reference (logits / temperature)
     version: int  # trainer step of the weights that generated it (0 = initial weights); in flight: its last token's
     finished: bool  # the response ended with EOS (not cut at max_new_tokens)
-    # in-flight search (searcher.InFlight): ((version, tokens), ...) oldest first, the weights each run of response
-    # tokens came from; () = every token from `version` (chunked search; samples of older checkpoints, which lack the
-    # field, read this class default)
+    # in-flight search (searcher.InFlightSearch): ((version, tokens), ...) oldest first, the weights each run of
+    # response tokens came from; () = every token from `version` (chunked search; samples of older checkpoints,
+    # which lack the field, read this class default)
     version_tokens: tuple = ()
 
     @property

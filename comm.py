@@ -40,7 +40,7 @@ class Comm:
         self.store = connect(self.timeout)
         self.ctrl = self.new_gloo_group("ctrl")  # collectives: gather of trajectories, object broadcasts, barriers
         self.round = 0  # index of the next sync round
-        self.store.set(f"pid/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")  # for diagnose()
+        self.store.set(f"pid/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")  # for failures.diagnose
 
     def new_gloo_group(self, name):
         return dist.ProcessGroupGloo(dist.PrefixStore(name, self.store), self.rank, self.world, self.timeout)
@@ -106,7 +106,7 @@ class Comm:
         if not block and not self.store.check([key]):
             return None
         step, flags = self.store.get(key).decode().split(",")  # get() waits for the key, up to the timeout
-        self.store.set(f"joined/{self.rank}", str(self.round))  # for diagnose()
+        self.store.set(f"joined/{self.rank}", str(self.round))  # for failures.diagnose
         self.round += 1
         return int(step), int(flags)
 
@@ -125,57 +125,3 @@ class Comm:
 
     def end_turn(self):
         self.store.set(f"built/{self.rank}", "1")
-
-    # ------------------------------------------------------------ failures
-    def diagnose(self):
-        """Rank 0, after a collective failed or a signal came: the trainer ranks 1..T-1 that died or are stopped, and
-        the searchers that died, are stopped, or never joined the current round, one phrase each, named by job rank
-        (process states are read from /proc for ranks on this node; a searcher that left because it was sent
-        SIGTERM / SIGINT itself, see leaving(), does not count as died)."""
-        broken, late, here = self.trainer_problems(), [], socket.gethostname()
-        for r in range(1, self.world):
-            known = self.store.check([f"pid/{r}"])
-            host, pid = self.store.get(f"pid/{r}").decode().rsplit(":", 1) if known else ("", "?")
-            joined = int(self.store.get(f"joined/{r}")) if self.store.check([f"joined/{r}"]) else -1
-            state = _process_state(int(pid)) if host == here else None
-            if state in ("gone", "Z", "X"):
-                if not self.store.check([f"left/{r}"]):
-                    broken.append(f"searcher rank {r + self.offset} (pid {pid}) died")
-            elif state == "T":
-                broken.append(f"searcher rank {r + self.offset} (pid {pid}) is stopped")
-            elif joined < self.round - 1:
-                late.append(f"searcher rank {r + self.offset} (pid {pid}) did not join sync round {self.round - 1}")
-        return broken or late  # the others' lateness is only a consequence when one died or is stopped
-
-    def trainer_problems(self):
-        """Rank 0: the trainer ranks 1..T-1 (their pids under trainers/pid/, trainer_group.py) on this node that died
-        or are stopped, one phrase each."""
-        found, here = [], socket.gethostname()
-        for r in range(1, self.offset + 1):
-            if not self.store.check([f"trainers/pid/{r}"]):
-                continue
-            host, pid = self.store.get(f"trainers/pid/{r}").decode().rsplit(":", 1)
-            state = _process_state(int(pid)) if host == here else None
-            if state in ("gone", "Z", "X"):
-                found.append(f"trainer rank {r} (pid {pid}) died")
-            elif state == "T":
-                found.append(f"trainer rank {r} (pid {pid}) is stopped")
-        return found
-
-    def leaving(self, signum):
-        """Searchers, from a SIGTERM / SIGINT handler: mark this exit as requested (not a crash) for diagnose()."""
-        try:
-            self.store.set(f"left/{self.rank}", str(signum))
-        except Exception:  # the store may be gone already (the whole job is stopping)
-            pass
-
-
-def _process_state(pid):
-    """The one-letter state from /proc (R, S, D, T, Z, ...), 'gone', or None when it cannot be told."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
-        return "gone"
-    except OSError:
-        return None

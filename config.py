@@ -85,9 +85,8 @@ class Config:
     inflight: bool = key(False, "async with vLLM: the searchers never stop; their engine runs step by step, kept at "
                                 "max_inflight sequences (continuous batching), joins a round between two steps and "
                                 "loads new weights under running sequences, so a sample may span versions. The HF "
-                                "engine and async=false keep generating in chunks. Off by default: measured on a "
-                                "CPU, the trainer waits one engine step more per round than with chunks "
-                                "(docs/performance.md)")
+                                "engine and async=false keep generating in chunks. Off by default; its trainer wait "
+                                "and throughput against chunks: docs/performance.md")
     max_inflight: int = key(0, "inflight: sequences kept running per searcher, topped up a prompt visit (S "
                                "sequences) at a time (0 = 2 x chunk_prompts x S)", ge=0)
     searcher_nice: int = key(0, "CPU niceness of the searcher processes; > 0 lets the trainer, the critical path, "
@@ -98,8 +97,8 @@ class Config:
                                   "(paper T = 0.7)", gt=0)
     max_new_tokens: int = key(24, "response length cap (paper: 512); with vLLM lowered, with a warning, to what the "
                                   "model's positions leave after the longest prompt", ge=1)
-    hf_static_cache: bool = key(True, "HF engine on GPU: static KV cache (3.4x faster decode on an H200; "
-                                      "compiles per shape)")
+    hf_static_cache: bool = key(True, "HF engine on GPU: a static KV cache, compiled once per input shape, for faster "
+                                      "decoding (docs/performance.md); false = transformers' dynamic cache")
     vllm_gpu_memory_utilization: float = key(0.2, "fraction of a GPU the vLLM engines on it take together: with a "
                                                   "GPU per rank, its one engine's; with all ranks on one GPU, split "
                                                   "evenly among the n_searchers engines (paper: 0.2, a GPU each)",
@@ -165,7 +164,7 @@ class Config:
                                    "(0 = constant beta_start)", ge=0)
     beta_cut_step: int = key(0, "from this step on beta = beta_end (paper TL;DR: 32); 0 = D", ge=0)
 
-    section("optimisation (trainer.py)")
+    section("optimisation (learner.py)")
     lr: float = key(3e-5, "peak learning rate (paper GSM8K: 1e-5)", gt=0)
     lr_schedule: str = key("wsd", "wsd: linear warmup, stable, cosine decay | linear: linear decay to 0 over steps "
                                   "| constant", choices=("wsd", "linear", "constant"))
@@ -194,8 +193,9 @@ class Config:
     overwrite: bool = key(False, "start fresh in an out_dir that holds another run's results, deleting them first "
                                  "(without it such a run is refused; resume=auto continues it instead)")
     progress: bool = key(True, "tqdm progress bar on rank 0")
-    peak_tflops: float = key(0.0, "accelerator peak (dense bf16 TFLOP/s) for the logged MFU; 0 = do not log MFU "
-                                  "(H200 measured: 790)", ge=0)
+    peak_tflops: float = key(0.0, "the accelerator's peak dense bf16 throughput, TFLOP/s, for the logged MFU "
+                                  "(perf/mfu); 0 = do not log MFU. Set it to your GPU's peak (the value the GPU check "
+                                  "used: docs/performance.md)", ge=0)
     check_sync: bool = key(False, "after each weight push, compare every searcher's greedy completion of a probe "
                                   "prompt with the trainer's (sync/probe_match)")
 
@@ -342,15 +342,16 @@ def has_type(value, typ):
 def validate(cfg):
     """Every field's type and declared range, then the impossible combinations: caught before any process starts."""
     for f in fields(Config):
-        name, value, typ, rng = YAML_NAMES.get(f.name, f.name), getattr(cfg, f.name), _type(f), allowed(f)
+        name, value, typ, accepted = YAML_NAMES.get(f.name, f.name), getattr(cfg, f.name), _type(f), allowed(f)
         if not has_type(value, typ):
             raise ConfigError(f"'{name}' must be {typ.__name__}, got {value!r}")
         if typ is float and not math.isfinite(value):
             raise ConfigError(f"'{name}' must be a finite number, got {value!r}")
         if f.metadata["choices"] and value not in f.metadata["choices"]:
-            raise ConfigError(f"'{name}' must be one of {rng}, got {value!r}")
+            raise ConfigError(f"'{name}' must be one of {accepted}, got {value!r}")
         if not in_range(value, f.metadata):
-            raise ConfigError(f"'{name}' must be {'in ' + rng if rng[0] in '[(' else rng}, got {value!r}")
+            rule = "in " + accepted if accepted[0] in "[(" else accepted  # "in [0, 1]", or ">= 0"
+            raise ConfigError(f"'{name}' must be {rule}, got {value!r}")
     if cfg.overwrite and cfg.resume:
         raise ConfigError(f"overwrite=true deletes what resume={cfg.resume} would continue from: choose one")
     if cfg.loss.endswith(".py"):

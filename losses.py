@@ -11,7 +11,7 @@ Every loss has the same signature, `fn(batch, cfg) -> (loss, metrics)`, on one m
     batch["group"]         (N,)   prompt id of each response: group by this, never by the layout of the batch
     batch["beta"]          float  the KL coefficient at this step (beta_at below)
     batch["batch_tokens"]  int    response tokens in the whole optimizer batch, all micro-batches together
-                                  (trainer.train_step); absent: this micro-batch's own count
+                                  (Learner.train); absent: this micro-batch's own count
     batch["batch_samples"] int    samples in the whole optimizer batch; absent: N
 Log-probs use logits / temperature (paper section 3). `loss` is the MEAN over the N samples of a per-sample objective
 (the trainer weights micro-batches by N / batch_samples, so the optimiser sees the mean over the whole batch however
@@ -198,10 +198,10 @@ def tba_prime_loss(batch, cfg):
     loss = mean_i sum_t l_t / max_new_tokens.
     With beta = 0 this is exactly prime_ratio_loss, in value and gradient.
     """
-    mask, logp, g = batch["mask"], batch["logp"], batch["group"]
+    mask, logp, groups = batch["mask"], batch["logp"], batch["group"]
     r = batch["reward"].to(logp.dtype)
     kl = seq_sum((logp.detach() - batch["logp_ref"]).clamp(-10.0, 10.0), mask)
-    return _prime_ratio(batch, cfg, (r - group_mean(r, g)) - batch["beta"] * (kl - group_mean(kl, g)))
+    return _prime_ratio(batch, cfg, (r - group_mean(r, groups)) - batch["beta"] * (kl - group_mean(kl, groups)))
 
 
 def rloo_loss(batch, cfg):
@@ -216,12 +216,13 @@ def rloo_loss(batch, cfg):
     A sequence with rho > 1 + eps and A > 0 (or rho < 1 - eps and A < 0) gets no gradient.
     Metrics: clip_fraction (sequences that take the clipped term, line 365), kl_penalty (mean sum_t logp_behav - ref).
     """
-    mask, logp, g = batch["mask"], batch["logp"], batch["group"]
+    mask, logp, groups = batch["mask"], batch["logp"], batch["group"]
     behav = seq_sum(batch["logp_behav"], mask)
     kl = behav - seq_sum(batch["logp_ref"], mask)
     shaped = batch["reward"].to(logp.dtype) - batch["beta"] * kl
-    n = group_count(g).to(logp.dtype)
-    adv = torch.where(n > 1, n / (n - 1).clamp(min=1) * (shaped - group_mean(shaped, g)), torch.zeros_like(shaped))
+    n = group_count(groups).to(logp.dtype)
+    adv = torch.where(n > 1, n / (n - 1).clamp(min=1) * (shaped - group_mean(shaped, groups)),
+                      torch.zeros_like(shaped))
     loss, clipped = ppo_clip(torch.exp(seq_sum(logp, mask) - behav), adv, cfg.clip_eps)
     return loss.mean(), {"clip_fraction": clipped.float().mean().item(), "kl_penalty": kl.mean().item()}
 
@@ -262,15 +263,15 @@ def online_dpo_loss(batch, cfg):
     Returns 0 * sum(logp) (graph kept) when no pair is untied. Metric: tied_fraction (tied pairs / pairs).
     """
     mask, logp, r = batch["mask"], batch["logp"], batch["reward"]
-    seq = seq_sum(logp, mask) - seq_sum(batch["logp_ref"], mask)
+    log_ratio = seq_sum(logp, mask) - seq_sum(batch["logp_ref"], mask)  # S - Ref per response
     pairs = dpo_pairs(r, batch["group"], cfg.dpo_pairs)
     terms, tied = [], 0
     for a, b, weight in pairs:
         if not bool(r[a] != r[b]):
             tied += 1
             continue
-        w, l = (a, b) if bool(r[a] > r[b]) else (b, a)
-        terms.append(-F.logsigmoid(cfg.dpo_beta * (seq[w] - seq[l])) * weight)
+        chosen, rejected = (a, b) if bool(r[a] > r[b]) else (b, a)
+        terms.append(-F.logsigmoid(cfg.dpo_beta * (log_ratio[chosen] - log_ratio[rejected])) * weight)
     metrics = {"tied_fraction": tied / len(pairs) if pairs else 0.0}
     if not terms:
         return 0.0 * masked(logp, mask).sum(), metrics

@@ -9,9 +9,9 @@ Per GPU: the trainer's weights, gradients, AdamW states, weight-transport buffer
 micro-batch (n_trainers > 1: on each trainer rank, weights, gradients and AdamW states split n_trainers ways with
 fsdp, whole with ddp; the transport buffers on rank 0 only); each searcher's reference model, engine budget, receive
 buffers and log-prob forward; a CUDA context allowance per process. GB here is 2^30 bytes, as torch.cuda and
-nvidia-smi count (an "80 GB" GPU has 79-80 of them). Estimates from the model's shape, checked on a CPU trace and
-against an H200 run (trainer_activations); not counted: a task's own models (tldr / redteam reward, judge and victim
-models), which the searchers also load.
+nvidia-smi count (an "80 GB" GPU has 79-80 of them). The estimates come from the model's shape (each function says
+what it counts); not counted: a task's own models (tldr / redteam reward, judge and victim models), which the searchers
+also load.
 """
 import dataclasses
 import os
@@ -24,8 +24,8 @@ GB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
 PROMPT_TOKENS = 256  # the prompt length assumed when the model's tokenizer and the task's data are not at hand
 HEAD_CHUNK = 2048  # policy.token_logprobs' chunk_tokens: LM-head tokens per checkpointed chunk
-REF_BATCH = 64  # searcher.search_chunk: reference log-probs of 64 sequences at a time
-CONTEXT_GB = 1.0  # per process: CUDA context, cuBLAS / NCCL workspaces, allocator slack (an allowance, not measured)
+REF_BATCH = 64  # Searcher.make_samples: reference log-probs of 64 sequences at a time
+CONTEXT_GB = 1.0  # per process: CUDA context, cuBLAS / NCCL workspaces, allocator slack (an allowance)
 
 # Shapes of the hub models the configs in configs/ name, for machines without the hub. Source of every number: the
 # model's config.json on the hub, as of 2026; parameters are counted from them (meta device) and match the published
@@ -63,7 +63,8 @@ def shape_from_config(hf_cfg, source):
 
 def model_shape(model, given=None):
     """The shape of `model`: given by the user (--params --layers --hidden --vocab), else its config.json (a local
-    folder), else KNOWN_SHAPES, else config.json from the hub (or its local cache). One line when none works."""
+    folder), else KNOWN_SHAPES, else config.json from the hub (or its local cache). Raises ConfigError, one line,
+    when none works."""
     given = {k: v for k, v in (given or {}).items() if v is not None}
     if given:
         missing = [f"--{k}" for k in ("params", "layers", "hidden", "vocab") if k not in given]
@@ -122,9 +123,8 @@ def layer_activations(shape, e, seq):
     goes. A HF Llama / Qwen2 block differs from theirs: RMSNorm upcasts to fp32 (2 x 4h: the fp32 input of each norm),
     a SwiGLU MLP of width i saves gate, act(gate), up and their product (4i elements), GQA keys and values are repeated
     to all heads once a padding mask is present (the trainer's case), no dropout. Counted: e (8h + 4i) + 8h bytes, in
-    bf16 24h + 8i (46h for TinyLlama); measured with saved-tensor hooks on CPU: 94 856 against 94 208 bytes for the
-    TinyLlama shape, Qwen2 within 1%. Other blocks (GPT-2, GPT-NeoX): Korthikanti's eq. 1 scaled to e bytes (NeoX
-    measured 32-33h against 34h; GPT-2 with dropout more on CPU, whose SDPA math path keeps the scores)."""
+    bf16 24h + 8i (46h for TinyLlama). Other blocks (GPT-2, GPT-NeoX): Korthikanti's eq. 1 scaled to e bytes (GPT-2
+    with dropout saves more, and so does SDPA's math path, which keeps the scores)."""
     h, i = shape["hidden"], shape["intermediate"]
     if shape["gated"]:
         return e * (8 * h + 4 * i) + 8 * h
@@ -133,15 +133,9 @@ def layer_activations(shape, e, seq):
 
 def trainer_activations(shape, e, n, seq):
     """Activations of a micro-batch of n samples padded to seq tokens (token_logprobs pads to the longest):
-    every layer's saved tensors, the final norm and the gathered response hidden states (4h + 2eh), and half a
-    layer's more while backward runs (gradients of one layer's intermediates: 0.3-0.55 of a layer in a CPU trace).
-    Against the H200 check (TinyLlama shape, bf16, trainer + 1 searcher on one GPU): 20 x 552 tokens in the loop ->
-    this + LM-head chunk + weights, gradients, AdamW states and IPC buffers = 33.2 GB; measured 29-33 GB
-    (torch.cuda.max_memory_allocated, which only grows: 33 once AdamW states exist, and 33.2 - 4.1 = 29.1 before the
-    first step allocates them). Bare fwd + bwd + AdamW of 20 x 640 tokens: 34.6 GB for this trainer's computation;
-    that check ran HF's own loss on full-vocabulary logits (~14 B per logit, +5.3 GB, instead of the 2048-token chunk)
-    without a padding mask (-2.8 GB): 36.2 GB against 38 measured, 5% under. Korthikanti's 34h per layer would give
-    27 GB in the loop (18% under), hence the block-specific count. Not calibrated."""
+    every layer's saved tensors (layer_activations), the final norm and the gathered response hidden states
+    (4h + 2eh), and half a layer's more while backward runs (the gradients of one layer's intermediates). An estimate,
+    not calibrated; the trainer peak memory of the GPU check (docs/performance.md) is the figure to compare it with."""
     layer, h = layer_activations(shape, e, seq), shape["hidden"]
     return n * seq * (shape["layers"] * layer + 4 * h + 2 * e * h + layer // 2)
 
@@ -157,7 +151,7 @@ def fsdp_gathered(shape, e):
 
 def lm_head_chunk(shape, tokens):
     # one checkpointed chunk of min(tokens, 2048) tokens x vocab, recomputed in backward: bf16 logits, their fp32 copy,
-    # logits / temperature and the fp32 gradient: ~16 bytes per logit (a CPU trace: 8.4 in forward, 15.3 in backward)
+    # logits / temperature and the fp32 gradient: ~16 bytes per logit at backward's peak
     return min(tokens, HEAD_CHUNK) * shape["vocab"] * 16
 
 
@@ -165,7 +159,7 @@ def nograd_forward(shape, e, n_seq, seq):
     """Peak of a forward without gradients over n_seq x seq tokens (reference log-probs, HF behaviour log-probs):
     nothing is saved, so one MLP's live tensors (act(gate), up, their product: 3i; 2i without a gate) and ~8h of
     hidden-sized ones (residual, norm, attention, last hidden state), the KV cache HF keeps (use_cache), the boolean
-    padding mask (n_seq x seq^2) and the LM-head chunk (~12 bytes per logit in forward). A CPU trace: within 15%."""
+    padding mask (n_seq x seq^2) and the LM-head chunk (~12 bytes per logit in forward)."""
     tokens = n_seq * seq
     h, i = shape["hidden"], shape["intermediate"]
     live = e * ((3 if shape["gated"] else 2) * i + 8 * h) + shape["layers"] * 2 * shape["kv_dim"] * e
@@ -195,7 +189,7 @@ def sequence(cfg, shape, prompt_tokens):
 
 
 def micro_batch(cfg):
-    # samples per forward / backward, as trainer.train_step splits a batch: whole prompts, at most the B x K batch
+    # samples per forward / backward, as Learner.update splits a batch: whole prompts, at most the B x K batch
     return min(max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K, cfg.B * cfg.K)
 
 
@@ -275,19 +269,20 @@ def advice(cfg, shape, prompt_tokens, machine):
     own = dict(machine, mode="own", kind="nccl")
     if machine["mode"] == "shared" and fits(cfg, own):
         found.append(f"{ranks} GPUs (one per rank)")
-    mb = [m for m in range(micro_batch(cfg) - cfg.K, 0, -cfg.K) if fits(dataclasses.replace(cfg, micro_batch=m))]
-    found += [f"micro_batch={mb[0]}"] if mb else []
+    sizes = [m for m in range(micro_batch(cfg) - cfg.K, 0, -cfg.K) if fits(dataclasses.replace(cfg, micro_batch=m))]
+    found += [f"micro_batch={sizes[0]}"] if sizes else []
     if machine["engine"] == "vllm" and not cfg.vllm_kv_cache_memory_bytes:
-        us = [u / 100 for u in range(int(round(cfg.vllm_gpu_memory_utilization * 100)) - 5, 4, -5)
-              if fits(dataclasses.replace(cfg, vllm_gpu_memory_utilization=u / 100))]
-        found += [f"vllm_gpu_memory_utilization={us[0]:g}"] if us else []
+        fractions = [u / 100 for u in range(int(round(cfg.vllm_gpu_memory_utilization * 100)) - 5, 4, -5)
+                     if fits(dataclasses.replace(cfg, vllm_gpu_memory_utilization=u / 100))]
+        found += [f"vllm_gpu_memory_utilization={fractions[0]:g}"] if fractions else []
     if cfg.dtype == "float32" and fits(dataclasses.replace(cfg, dtype="bfloat16")):
         found.append("dtype=bfloat16")
-    new = [t for t in range(cfg.max_new_tokens - 16, 15, -16) if fits(dataclasses.replace(cfg, max_new_tokens=t))]
-    found += [f"max_new_tokens={new[0]}"] if new else []
-    more = [t for t in (2, 4, 8) if t > cfg.n_trainers and cfg.B % t == 0  # the trainer's states split t ways
-            and fits(dataclasses.replace(cfg, n_trainers=t, trainer_parallel="fsdp"), own)]
-    found += [f"n_trainers={more[0]} trainer_parallel=fsdp ({more[0] + cfg.n_searchers} GPUs)"] if more else []
+    caps = [t for t in range(cfg.max_new_tokens - 16, 15, -16) if fits(dataclasses.replace(cfg, max_new_tokens=t))]
+    found += [f"max_new_tokens={caps[0]}"] if caps else []
+    trainers = [t for t in (2, 4, 8) if t > cfg.n_trainers and cfg.B % t == 0  # the trainer's states split t ways
+                and fits(dataclasses.replace(cfg, n_trainers=t, trainer_parallel="fsdp"), own)]
+    if trainers:
+        found.append(f"n_trainers={trainers[0]} trainer_parallel=fsdp ({trainers[0] + cfg.n_searchers} GPUs)")
     if found:
         return "it fits with " + " or ".join(found)
     title, need = worst(dataclasses.replace(cfg, micro_batch=cfg.K), shape, prompt_tokens, own)
@@ -298,7 +293,7 @@ def advice(cfg, shape, prompt_tokens, machine):
 
 
 def verdict(cfg, shape, prompt_tokens, machine):
-    """(fits, one line): 'fits: ...' or 'does not fit: <GPU> needs X of M GB; <what to change>'."""
+    """(fits, verdict): 'fits: ...' or 'does not fit: <GPU> needs X of M GB; <what to change>', a single line."""
     m = machine["gpu_bytes"]
     totals = [(title.split(" (")[0], sum(b for _, b, _ in rows))
               for title, rows in gpu_tables(cfg, shape, prompt_tokens, machine)]
@@ -354,9 +349,9 @@ def pop_flags(args):
             number = float(value)
         except ValueError:
             raise ConfigError(f"{flag} needs a number, got {value!r}") from None
-        whole = flag != "--gpu-memory-gb"
-        if number <= 0 or (whole and not number.is_integer()):
-            raise ConfigError(f"{flag} needs a {'whole number >= 1' if whole else 'positive number'}, got {value}")
+        counts = flag != "--gpu-memory-gb"  # every flag but --gpu-memory-gb takes a whole number
+        if number <= 0 or (counts and not number.is_integer()):
+            raise ConfigError(f"{flag} needs a {'whole number >= 1' if counts else 'positive number'}, got {value}")
         opts[FLAGS[flag]] = number if flag == "--gpu-memory-gb" else int(number)
     if "gpus" not in opts or "gpu_gb" not in opts:
         raise ConfigError("--plan needs --gpus N and --gpu-memory-gb M, e.g. --gpus 4 --gpu-memory-gb 80")

@@ -85,3 +85,12 @@ def write_summary(cfg, state, row, resumed_from):
     with open(tmp, "w") as f:
         json.dump(summary, f, indent=2)
     os.replace(tmp, os.path.join(cfg.out_dir, "summary.json"))
+
+
+def say_done(cfg, state):
+    """The run's last lines: steps, time, the evaluation at the start and end, and where to look."""
+    metrics = [k for k in state.last_eval if k not in ("step", "n")]
+    print(f"done: {state.step} steps in {state.timers.elapsed():.0f}s; eval " + ", ".join(
+        f"{k} {state.eval_start.get(k, float('nan')):.3f} -> {state.last_eval[k]:.3f}" for k in metrics)
+        + f"; out_dir {cfg.out_dir}", flush=True)
+    print(f"look: python tables.py {cfg.out_dir}  |  tensorboard --logdir {cfg.out_dir}/tb", flush=True)

@@ -1,11 +1,16 @@
 """Ranks 1..N-1: search. Walk this rank's shard of the training prompts; per prompt visit generate S samples, score
 them with the task's reward, and compute their behaviour and reference log-probs; hand them to the trainer at the
-next sync round (sync.py). Between generation chunks, join a round if one was announced; with inflight=true (vLLM),
-between engine steps once the trainer is at the round's gather, loading new weights under running sequences (InFlight).
+next sync round (sync.py).
+
+A Searcher holds what a searcher works with: the engine, the reference model, the task and its prompts, the shard and
+the counters. A search strategy drives its generation between rounds, through one interface (idle, work,
+until_ready, hand_over, new_weights):
+  ChunkedSearch   one engine.generate call per chunk of prompt visits; an announced round is joined between chunks
+  InFlightSearch  inflight=true (vLLM): the engine runs one step at a time and generates on until the trainer is at
+                  the round's gather; new weights load under running sequences
+run: poll for a round; none announced: one unit of the strategy's work; announced: join it (sync.searcher_round).
 """
 import dataclasses
-import os
-import signal
 import sys
 import time
 
@@ -13,6 +18,7 @@ import numpy as np
 import torch
 
 import checkpoint
+import failures
 import sync
 from buffer import Sample
 from engine import make_engine, position_limit
@@ -60,64 +66,140 @@ def task_hook(task, hook, cfg, device):
     return _built[key]
 
 
-def make_samples(cfg, ref_model, tok, task, records, prompts, flat, stats):
-    """Generated responses -> Samples: scored (the task's per-sample reward, or its batched scorer), with reference
-    log-probs. flat: (prompt id, response ids, behaviour log-probs, version, version_tokens) each. Adds to stats'
-    tokens and reward_errors."""
-    logp_ref = []
-    with torch.no_grad():
-        for s in range(0, len(flat), 64):
-            part = flat[s : s + 64]
-            lp, mask = token_logprobs(ref_model, [prompts[f[0]] for f in part], [f[1] for f in part],
-                                      cfg.temperature)
-            logp_ref += [lp[i][mask[i]].float().cpu().numpy() for i in range(len(part))]
-    texts = [tok.decode(f[1], skip_special_tokens=True) for f in flat]
-    finished = [bool(f[1] and f[1][-1] == tok.eos_token_id) for f in flat]
-    scorer = task_hook(task, "make_scorer", cfg, next(ref_model.parameters()).device)
-    if scorer is None:
-        rewards = [score(task, text, records[f[0]]["answer"], stats) for f, text in zip(flat, texts)]
-    else:
-        rewards = score_batch(scorer, [records[f[0]]["prompt"] for f in flat], texts,
-                              [records[f[0]] for f in flat], finished, stats)
-    samples = [Sample(pid, tuple(resp), reward, logp_behav, lp_ref, version, fin, versions)
-               for (pid, resp, logp_behav, version, versions), lp_ref, reward, fin
-               in zip(flat, logp_ref, rewards, finished)]
-    stats["tokens"] += sum(len(s.response) for s in samples)
-    return samples
+@dataclasses.dataclass
+class Searcher:
+    """What one searcher generates, scores and evaluates with; the strategies and the sync round use it."""
+    cfg: object
+    engine: object
+    ref_model: object  # pi_ref: the reference log-probs (frozen unless TBA' resets it)
+    tok: object
+    task: object
+    records: list  # the training records, by prompt id
+    prompts: list  # their encoded prompts
+    shard: object  # Shard: the prompt ids this searcher visits
+    test: list = ()  # this searcher's share of the test set: (id, record) pairs
+    device: object = None  # the rank's device, for the task's evaluator
+    stats: dict = dataclasses.field(default_factory=lambda: dict(tokens=0, gen_s=0.0, reward_errors=0))
+
+    def make_samples(self, flat):
+        """Generated responses -> Samples: scored (the task's per-sample reward, or its batched scorer), with
+        reference log-probs. flat: (prompt id, response ids, behaviour log-probs, version, version_tokens) each. Adds
+        to stats' tokens and reward_errors."""
+        cfg, tok, task, records = self.cfg, self.tok, self.task, self.records
+        logp_ref = []
+        with torch.no_grad():
+            for s in range(0, len(flat), 64):
+                part = flat[s : s + 64]
+                lp, mask = token_logprobs(self.ref_model, [self.prompts[f[0]] for f in part], [f[1] for f in part],
+                                          cfg.temperature)
+                logp_ref += [lp[i][mask[i]].float().cpu().numpy() for i in range(len(part))]
+        texts = [tok.decode(f[1], skip_special_tokens=True) for f in flat]
+        finished = [bool(f[1] and f[1][-1] == tok.eos_token_id) for f in flat]
+        scorer = task_hook(task, "make_scorer", cfg, next(self.ref_model.parameters()).device)
+        if scorer is None:
+            rewards = [score(task, text, records[f[0]]["answer"], self.stats) for f, text in zip(flat, texts)]
+        else:
+            rewards = score_batch(scorer, [records[f[0]]["prompt"] for f in flat], texts,
+                                  [records[f[0]] for f in flat], finished, self.stats)
+        samples = [Sample(pid, tuple(resp), reward, logp_behav, lp_ref, version, fin, versions)
+                   for (pid, resp, logp_behav, version, versions), lp_ref, reward, fin
+                   in zip(flat, logp_ref, rewards, finished)]
+        self.stats["tokens"] += sum(len(s.response) for s in samples)
+        return samples
+
+    def search(self, pids, version):
+        """One engine.generate call: S samples for each prompt id, labelled with the weights' `version`, made into
+        Samples (make_samples). Adds to stats' tokens, gen_s and reward_errors."""
+        t0 = time.perf_counter()
+        outs = self.engine.generate([self.prompts[p] for p in pids], self.cfg.S, self.cfg.temperature,
+                                    self.cfg.max_new_tokens)
+        flat = [(pid, resp, lp, version, ()) for pid, responses in zip(pids, outs) for resp, lp in responses]
+        samples = self.make_samples(flat)
+        self.stats["gen_s"] += time.perf_counter() - t0
+        return samples
+
+    def evaluate_share(self):
+        """Step 5 of a round: this searcher's share of the test set, as (rows with their test ids, totals)."""
+        rows, totals = evaluate(self.engine, self.tok, self.task, [record for _, record in self.test],
+                                self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens,
+                                task_hook(self.task, "make_evaluator", self.cfg, self.device))
+        return [{"id": i, **r} for (i, _), r in zip(self.test, rows)], totals
 
 
-def search_chunk(cfg, engine, ref_model, tok, task, records, prompts, pids, version, stats):
-    """One generation call: S samples for each prompt id, scored, with behaviour and reference log-probs
-    (make_samples). Adds to stats' tokens, gen_s and reward_errors."""
-    t0 = time.perf_counter()
-    outs = engine.generate([prompts[p] for p in pids], cfg.S, cfg.temperature, cfg.max_new_tokens)
-    flat = [(pid, resp, lp, version, ()) for pid, group in zip(pids, outs) for resp, lp in group]
-    samples = make_samples(cfg, ref_model, tok, task, records, prompts, flat, stats)
-    stats["gen_s"] += time.perf_counter() - t0
-    return samples
+class ChunkedSearch:
+    """Generation in chunks: a unit of work is one engine.generate call for up to chunk_prompts prompt visits, its
+    samples labelled with the weights the last round loaded. Nothing runs between two chunks."""
+
+    def __init__(self, searcher):
+        self.searcher = searcher
+        self.version = 0  # the trainer step of the engine's weights
+        self.samples = []  # generated since the last round
+
+    def idle(self):
+        """Whether nothing is being generated, so that a round can be waited for."""
+        return True
+
+    def work(self, budget):
+        """One chunk of at most `budget` prompt visits; returns how many it made."""
+        pids = self.searcher.shard.take(int(min(self.searcher.cfg.chunk_prompts, budget)))
+        self.samples += self.searcher.search(pids, self.version)
+        return len(pids)
+
+    def until_ready(self, comm, budget):
+        """What to do between a round's announcement and the trainer's arrival at its gather: nothing, the round's
+        gather waits for the trainer."""
+
+    def hand_over(self):
+        """At a round: the samples since the last one, and the shard place to resume from."""
+        samples, self.samples = self.samples, []
+        return samples, self.searcher.shard.place(self.searcher.engine)
+
+    def new_weights(self, version):
+        """The round loads the weights after trainer step `version`; they label the chunks from then on."""
+        self.version = version
 
 
-class InFlight:
+class InFlightSearch:
     """In-flight search with a vLLM engine (continuous batching with in-flight weight updates, as PipelineRL: Piche et
-    al. 2025, arXiv 2509.19128). The engine runs one step at a time and is kept at max_inflight running sequences,
-    topped up with prompt visits from the shard (a visit: S one-sample requests, so every sample keeps its own
-    version bookkeeping). Samples that finish are scored chunk_prompts x S at a time between steps, the rest when
+    al. 2025, arXiv 2509.19128). A unit of work tops the engine up to max_inflight running sequences with prompt
+    visits from the shard (a visit: S one-sample requests, so every sample keeps its own version bookkeeping) and
+    runs one engine step. Samples that finish are scored chunk_prompts x S at a time between steps, the rest when
     the round takes them; new weights load between two steps while sequences run (engine.version labels them).
 
     A checkpoint's ShardPlace is the one from before the oldest visit still running: after a resume, the visits that
     were in flight are generated again (at most about a round's worth)."""
 
-    def __init__(self, cfg, engine, shard, make, stats):
-        self.cfg, self.engine, self.shard, self.make, self.stats = cfg, engine, shard, make, stats
+    def __init__(self, searcher):
+        self.searcher = searcher
+        self.cfg, self.engine, self.shard, self.stats = searcher.cfg, searcher.engine, searcher.shard, searcher.stats
         # default: twice a chunk. Fuller batches raise a small model's tokens per engine step on a CPU; the trainer
         # never waits for them to finish (measured: docs/performance.md)
-        self.max = cfg.max_inflight or 2 * cfg.chunk_prompts * cfg.S
+        self.max = self.cfg.max_inflight or 2 * self.cfg.chunk_prompts * self.cfg.S
         self.visits = {}  # visit number -> [the shard's place before the visit, its samples still running]
         self.n_visits = 0
         self.done = []  # finished, not scored yet: (prompt id, response, log-probs, version, version_tokens)
         self.samples = []  # scored, for the next round
 
-    def top_up(self, budget, prompts):
+    def idle(self):
+        """Whether nothing is being generated, so that a round can be waited for."""
+        return not self.engine.flight
+
+    def work(self, budget):
+        """Start prompt visits (at most `budget`), then one engine step; returns how many visits started."""
+        started = self.top_up(budget)
+        self.advance()
+        return started
+
+    def until_ready(self, comm, budget):
+        """Between a round's announcement (a train step ahead) and the trainer's arrival at its gather: generate on
+        (at most `budget` more visits), scoring what finishes at once, so that the searcher joins the gather within
+        one engine step. Waits for the trainer only when the budget is spent and nothing runs."""
+        started = 0
+        while not comm.is_ready(block=started >= budget and not self.engine.flight):
+            started += self.top_up(budget - started)
+            self.advance(round_due=True)
+
+    def top_up(self, budget):
         """Start prompt visits while their S sequences fit within max_inflight (one at least when none runs), at most
         `budget` of them. Returns how many started."""
         started, S = 0, self.cfg.S
@@ -125,7 +207,8 @@ class InFlight:
             place = self.shard.place(self.engine)
             pid = self.shard.take(1)[0]
             self.visits[self.n_visits] = [place, S]
-            self.engine.add((self.n_visits, pid), prompts[pid], S, self.cfg.temperature, self.cfg.max_new_tokens)
+            self.engine.add((self.n_visits, pid), self.searcher.prompts[pid], S, self.cfg.temperature,
+                            self.cfg.max_new_tokens)
             self.n_visits += 1
             started += 1
         return started
@@ -151,7 +234,7 @@ class InFlight:
 
     def score(self):
         if self.done:
-            self.samples += self.make(self.done)
+            self.samples += self.searcher.make_samples(self.done)
             self.done = []
 
     def hand_over(self):
@@ -163,6 +246,12 @@ class InFlight:
         samples, self.samples = self.samples, []
         place = next(iter(self.visits.values()))[0] if self.visits else self.shard.place(self.engine)
         return samples, place
+
+    def new_weights(self, version):
+        """The round loads the weights after trainer step `version`: the label of the tokens generated from the load
+        on (the round's probe and evaluation step the running sequences too). Called before the round, as no engine
+        step comes between this call and the load."""
+        self.engine.version = version
 
 
 class Shard:
@@ -238,79 +327,56 @@ def build(cfg, comm, ctx, max_len):
     return ref_model, engine
 
 
+def strategy_for(searcher, rank):
+    """In-flight search with inflight=true in async mode on the vLLM engine; chunked search otherwise."""
+    cfg, engine = searcher.cfg, searcher.engine
+    if cfg.inflight and cfg.asynchronous and engine.name == "vllm":
+        return InFlightSearch(searcher)
+    if cfg.inflight and cfg.asynchronous and rank == 1:
+        print(f"note: inflight=true needs the vLLM engine; the {engine.name} engine generates in chunks",
+              file=sys.stderr, flush=True)
+    return ChunkedSearch(searcher)
+
+
 def run(cfg, comm, ctx):
     rank, n_searchers = comm.rank, comm.world - 1
-    task, train, test, tok, device = ctx.task, ctx.train, ctx.test, ctx.tok, ctx.device
-    prompts = [encode_prompt(tok, r["prompt"]) for r in train]
-    my_test = list(range(rank - 1, len(test), n_searchers))
-    cfg, max_len, warning = fit_lengths(cfg, tok, prompts, test)
+    prompts = [encode_prompt(ctx.tok, r["prompt"]) for r in ctx.train]
+    cfg, max_len, warning = fit_lengths(cfg, ctx.tok, prompts, ctx.test)
     if warning and rank == 1:  # the same on every searcher: one line
         print(warning, file=sys.stderr, flush=True)
-    eval_tokens = cfg.eval_max_new_tokens or cfg.max_new_tokens
-
-    def leave(signum, frame):  # SIGTERM / SIGINT: the trainer saves a checkpoint; a searcher just leaves, quietly
-        comm.leaving(signum)
-        os._exit(128 + signum)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, leave)
-    weights = ctx.make_transport(comm, None)  # first: the trainer starts the build turns after this collective
+    failures.leave_on_signal(comm.store, rank)  # SIGTERM / SIGINT: the trainer saves, a searcher leaves quietly
+    transport = ctx.make_transport(comm, None)  # first: the trainer starts the build turns after this collective
     ref_model, engine = build(cfg, comm, ctx, max_len)
-    shard = Shard(rank, n_searchers, len(train), cfg.seed + rank)
+    shard = Shard(rank, n_searchers, len(ctx.train), cfg.seed + rank)
     if ctx.resume:
         resume(ctx.resume, rank, shard, engine, ref_model)
-
-    def evaluate_my_share():  # step 5 of a round: this rank's share of the test set
-        rows, totals = evaluate(engine, tok, task, [test[i] for i in my_test], eval_tokens,
-                                task_hook(task, "make_evaluator", cfg, device))
-        return [{"id": i, **r} for i, r in zip(my_test, rows)], totals
-
-    pending, version = [], 0  # trajectories generated since the last round; the weights' trainer step
-    stats = dict(tokens=0, gen_s=0.0, reward_errors=0)
+    test_share = [(i, ctx.test[i]) for i in range(rank - 1, len(ctx.test), n_searchers)]
+    searcher = Searcher(cfg, engine, ref_model, ctx.tok, ctx.task, ctx.train, prompts, shard, test_share, ctx.device)
+    strategy, stats = strategy_for(searcher, rank), searcher.stats
     # prompt visits per round before this searcher waits for the next round: in synchronous mode exactly its share of
     # the batch; in async mode max_prompts_per_round (0 = no cap). It waits for the first round before generating in
     # synchronous mode and after a resume (that round brings the checkpoint's weights).
     limit = cfg.B // n_searchers if not cfg.asynchronous else (cfg.max_prompts_per_round or float("inf"))
-    done_prompts = limit if not cfg.asynchronous or ctx.resume else 0
-    flight = None  # in-flight search (InFlight), or None: generation in chunks
-    if cfg.inflight and cfg.asynchronous and engine.name == "vllm":
-        flight = InFlight(cfg, engine, shard, lambda flat: make_samples(cfg, ref_model, tok, task, train, prompts,
-                                                                        flat, stats), stats)
-    elif cfg.inflight and cfg.asynchronous and rank == 1:
-        print(f"note: inflight=true needs the vLLM engine; the {engine.name} engine generates in chunks",
-              file=sys.stderr, flush=True)
+    budget = 0 if not cfg.asynchronous or ctx.resume else limit  # prompt visits left to start before the next round
     while True:
-        if flight is not None:  # in flight: poll between engine steps (waiting only when nothing runs)
-            announced = comm.poll(block=done_prompts >= limit and not engine.flight)
-        else:  # synchronous mode joins a round only with its whole share generated; async mode polls between chunks
-            share_left = not cfg.asynchronous and done_prompts < limit
-            announced = None if share_left else comm.poll(block=done_prompts >= limit)
-        if announced is None and flight is not None:  # top up with prompt visits, then one engine step
-            done_prompts += flight.top_up(limit - done_prompts, prompts)
-            flight.advance()
-            continue
+        if not cfg.asynchronous and budget > 0:  # synchronous mode joins a round only with its whole share generated
+            announced = None
+        else:  # between two units of work; waiting only with the budget spent and nothing generating
+            announced = comm.poll(block=budget <= 0 and strategy.idle())
         if announced is None:
-            pids = shard.take(int(min(cfg.chunk_prompts, limit - done_prompts)))
-            pending += search_chunk(cfg, engine, ref_model, tok, task, train, prompts, pids, version, stats)
-            done_prompts += len(pids)
+            budget -= strategy.work(budget)
             continue
         step, flags = announced[0], sync.Flag(announced[1])
-        while flight is not None and not comm.is_ready(block=done_prompts >= limit and not engine.flight):
-            # announced a train step ahead: generate on until the trainer is at the gather (joins within one step)
-            done_prompts += flight.top_up(limit - done_prompts, prompts)
-            flight.advance(round_due=True)
-        pending, place = flight.hand_over() if flight is not None else (pending, shard.place(engine))
-        if flight is not None and flags & sync.Flag.WEIGHTS:
-            # the label of the tokens generated from the load on (the round's probe and evaluation step the running
-            # sequences too); set here, as no engine step comes between this line and the load
-            engine.version = max(step - cfg.weight_delay, 0)
-        report = sync.Report(pending, stats["tokens"], stats["gen_s"], stats["reward_errors"], place)
-        sync.searcher_round(comm, weights, flags, report, engine, ref_model, prompts[0], evaluate_my_share)
-        pending, done_prompts = [], 0
-        stats.update(tokens=0, gen_s=0.0)
+        strategy.until_ready(comm, budget)
+        samples, place = strategy.hand_over()
         if flags & sync.Flag.WEIGHTS:  # the weights after trainer step `step`, or step - D with weight_delay = D
-            version = max(step - cfg.weight_delay, 0)
+            strategy.new_weights(max(step - cfg.weight_delay, 0))
+        report = sync.Report(samples, stats["tokens"], stats["gen_s"], stats["reward_errors"], place)
+        sync.searcher_round(comm, transport, flags, report, engine, ref_model, prompts[0], searcher.evaluate_share)
+        budget = limit
+        stats.update(tokens=0, gen_s=0.0)
         if flags & sync.Flag.STOP:
             break
-    weights.close()
+    transport.close()
     if hasattr(engine, "shutdown"):
         engine.shutdown()

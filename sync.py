@@ -15,11 +15,14 @@ searchers' side are written here next to each other, with the same numbered step
   4. probe         (PROBE) each searcher's greedy completion of the first training prompt -> rank 0 (check_sync)
   5. evaluation    (EVAL) each searcher's share of the test set -> rank 0 (eval.evaluate)
 After a round with STOP the searchers leave. The trainer's side is split in two (gather: 0-1, push: 3-5) so that
-synchronous mode can train between them; a collective that fails there raises RoundFailed.
+synchronous mode can train between them. A collective of the round that fails, on either side, raises
+failures.Stop(where="sync round") with the error: the job must stop, and rank 0's diagnosis names the rank behind it.
 """
 import enum
 import time
 from typing import NamedTuple
+
+from failures import Stop
 
 PROBE_TOKENS = 16  # check_sync compares this many greedy tokens (long bf16 greedy runs diverge by rounding alone)
 
@@ -67,14 +70,6 @@ class Pushed(NamedTuple):
     eval_s: float  # step 5 alone (the trainer waits while the searchers evaluate)
 
 
-class RoundFailed(Exception):
-    """A collective of the round failed: a searcher died, or it hit timeout_s."""
-
-    def __init__(self, error):
-        super().__init__(str(error))
-        self.error = error
-
-
 def flags_for(cfg, step, ref_version, weights=True, evaluate=False, stop=False):
     """The flags of the round at trainer step `step`. The one place that decides TBA's reference reset: every
     ref_reset_every steps the searchers' pi_ref becomes the policy pushed in that round (paper section 6, rho)."""
@@ -90,7 +85,7 @@ def _collective(fn, *args):
     try:
         return fn(*args)
     except RuntimeError as e:  # gloo / NCCL: a peer died, or timeout_s passed
-        raise RoundFailed(e) from None
+        raise Stop(where="sync round", error=e) from None
 
 
 # ---------------------------------------------------------------- the trainer's side (rank 0)
@@ -111,11 +106,11 @@ def trainer_gather(comm, step, flags, announced=False):
     return Gathered(reports, time.perf_counter() - t0)
 
 
-def trainer_push(comm, weights, flags, source=None):
+def trainer_push(comm, transport, flags, source=None):
     """3-5. Push the weights (the model's current ones, or `source`: weight_delay); gather the probes and the
     evaluation results the flags ask for."""
     t0 = time.perf_counter()
-    push_s = _collective(weights.push, source) if flags & Flag.WEIGHTS else 0.0  # 3
+    push_s = _collective(transport.push, source) if flags & Flag.WEIGHTS else 0.0  # 3
     probes = _collective(comm.gather_object, None)[1:] if flags & Flag.PROBE else None  # 4
     t_eval = time.perf_counter()
     evals = _collective(comm.gather_object, None)[1:] if flags & Flag.EVAL else None  # 5
@@ -126,17 +121,17 @@ def trainer_push(comm, weights, flags, source=None):
 # ---------------------------------------------------------------- a searcher's side (ranks 1..N-1)
 
 
-def searcher_round(comm, weights, flags, report, engine, ref_model, probe_prompt, evaluate):
+def searcher_round(comm, transport, flags, report, engine, ref_model, probe_prompt, evaluate):
     """1-5 for one announced round: send `report`, take the new weights into the engine (and the reference model
     with REF), answer the probe, evaluate (`evaluate()` returns this searcher's (rows, totals))."""
-    comm.gather_object(report)  # 1
+    _collective(comm.gather_object, report)  # 1
     if flags & Flag.WEIGHTS:  # 3
-        named, done = weights.pull()
+        named, release = _collective(transport.pull)
         engine.load_weights(named)
         if flags & Flag.REF:
             ref_model.load_state_dict(dict(named), strict=False)
-        done()
+        _collective(release)  # ipc: the trainer's buffers are free once every engine copied them
     if flags & Flag.PROBE:  # 4
-        comm.gather_object(engine.generate([probe_prompt], 1, 0.0, PROBE_TOKENS)[0][0][0])
+        _collective(comm.gather_object, engine.generate([probe_prompt], 1, 0.0, PROBE_TOKENS)[0][0][0])
     if flags & Flag.EVAL:  # 5
-        comm.gather_object(evaluate())
+        _collective(comm.gather_object, evaluate())

@@ -105,8 +105,8 @@ def plot(groups, path, metric="accuracy"):
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     for i, (label, runs) in enumerate(groups.items()):
         color = f"C{i % 10}"
-        for ax, (metric, x) in zip(axes.flat, panels):
-            curves = [c for c in (curve(r, metric, x) for r in runs) if len(c[0])]
+        for ax, (logged, x) in zip(axes.flat, panels):  # logged: a metrics.jsonl name, e.g. eval/accuracy
+            curves = [c for c in (curve(r, logged, x) for r in runs) if len(c[0])]
             if not curves:
                 continue
             if x == "step":  # align on step; a step some seeds lack (runs of different length) averages the others
@@ -126,8 +126,8 @@ def plot(groups, path, metric="accuracy"):
                     mean = np.mean([np.interp(grid, xs, ys) for xs, ys in curves], axis=0)
                     ax.plot(grid, mean, color=color, label=label)
             ax.set_xlabel("wall-clock minutes" if x == "time" else "trainer step")
-            pct = metric.split("/")[-1] in PERCENT and metric.startswith("eval/")
-            ax.set_ylabel(f"{metric} (%)" if pct else metric)
+            pct = logged.split("/")[-1] in PERCENT and logged.startswith("eval/")
+            ax.set_ylabel(f"{logged} (%)" if pct else logged)
             ax.grid(alpha=0.3)
     for ax in axes.flat:
         if ax.get_legend_handles_labels()[0]:
@@ -147,7 +147,11 @@ def against_table(groups, keys, against, names, scale, digits, what):
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     lines = {}
-    for values, members in sorted(groups.items(), key=lambda g: sort_key(g[0][:at] + g[0][at + 1:] + g[0][at:at + 1])):
+
+    def order(group):  # by the other keys' values, then by `against`'s
+        values = group[0]
+        return sort_key(values[:at] + values[at + 1:] + values[at:at + 1])
+    for values, members in sorted(groups.items(), key=order):
         label = ", ".join(f"{n}={v}" for n, v in zip(others, values[:at] + values[at + 1:])) or "all"
         final, best = (mean_se([r["stats"][k] for r in members], scale) for k in ("final", "best"))
         lines.setdefault(label, []).append((values[at], final, best))
@@ -161,7 +165,7 @@ def against_table(groups, keys, against, names, scale, digits, what):
 
 
 def plot_against(lines, against, path, what):
-    """Final and best against `against` (its values evenly spaced), one line per group, s.e. as error bars."""
+    """Final and best against `against` (its values evenly spaced), a plotted line per group, s.e. as error bars."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -187,7 +191,7 @@ def plot_against(lines, against, path, what):
     print(f"plot: {path}")
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("runs", nargs="*", help="run directories")
     p.add_argument("--group-by", default="", help="comma-separated config keys (default: the keys that differ)")
@@ -202,10 +206,15 @@ def main():
     if not args.runs:
         fail("no run directories given "
              "(usage: python tables.py RUN_DIR... [--group-by k1,k2] [--plot out.png] [--csv out.csv])")
-    for path in args.runs:
+    return args
+
+
+def load_finished(paths, metric):
+    """The finished runs among `paths`; a warning names the unfinished ones, and no finished run at all is an error."""
+    for path in paths:
         if not os.path.isdir(path):
             fail(f"{path}: not a run directory")
-    loaded = [(path, load_run(path, args.metric)) for path in args.runs]
+    loaded = [(path, load_run(path, metric)) for path in paths]
     unfinished = [path for path, r in loaded if r is None]
     runs = [r for _, r in loaded if r is not None]
     if unfinished:
@@ -213,10 +222,15 @@ def main():
               file=sys.stderr)
     if not runs:
         fail("no finished runs to compare")
+    return runs
 
+
+def group_runs(runs, group_by):
+    """(keys, groups): the config keys that group the runs (--group-by's, else those that differ) and
+    {their values: [runs]}, in sorted order."""
     all_keys = list(dict.fromkeys(k for r in runs for k in r["cfg"]))
-    if args.group_by:
-        keys = [ALIASES.get(k.strip(), k.strip()) for k in args.group_by.split(",") if k.strip()]
+    if group_by:
+        keys = [ALIASES.get(k.strip(), k.strip()) for k in group_by.split(",") if k.strip()]
         for k in keys:
             if k not in all_keys:
                 fail(f"--group-by: '{k}' is not a key of these runs' config.yaml")
@@ -225,8 +239,46 @@ def main():
     groups = {}
     for r in sorted(runs, key=lambda r: sort_key([r["cfg"].get(k) for k in keys])):
         groups.setdefault(tuple(r["cfg"].get(k) for k in keys), []).append(r)
-    names = [{"asynchronous": "async"}.get(k, k) for k in keys]
+    return keys, groups
 
+
+def group_table(groups, keys, names, metric, scale, digits, what):
+    """The main table, one row per group (mean ± s.e. over its seeds); returns its rows as records for --csv."""
+    pct = metric in PERCENT
+    header = (names or ["group"]) + ["n", f"final {what}", f"best {what}", f"start {what}",
+                                     "gain (pts)" if pct else "gain", "wall min", "steps/min"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    records = []
+    for values, members in groups.items():
+        stats = {k: [r["stats"][k] for r in members] for k in members[0]["stats"]}
+        final, best, gain = (mean_se(stats[k], scale) for k in ("final", "best", "gain"))
+        start, minutes, speed = np.mean(stats["start"]) * scale, np.mean(stats["minutes"]), np.mean(stats["speed"])
+        cells = [str(v) for v in values] or ["all"]
+        cells += [str(len(members)), fmt(*final, digits), fmt(*best, digits), f"{start:.{digits}f}", fmt(*gain, digits),
+                  f"{minutes:.1f}", f"{speed:.1f}"]
+        print("| " + " | ".join(cells) + " |")
+        records.append(dict(zip(names or ["group"], cells[: max(1, len(keys))]), n=len(members), metric=metric,
+                            unit="percent" if pct else "as logged", final=final[0], final_se=final[1], best=best[0],
+                            best_se=best[1], start=start, gain=gain[0], gain_se=gain[1], wall_min=minutes,
+                            steps_per_min=speed))
+    return records
+
+
+def write_csv(records, path):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(records[0]))
+        w.writeheader()
+        w.writerows([{k: "" if v is None else round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}
+                     for rec in records])
+    print(f"csv: {path}")
+
+
+def main():
+    args = parse_args()
+    runs = load_finished(args.runs, args.metric)
+    keys, groups = group_runs(runs, args.group_by)
+    names = [{"asynchronous": "async"}.get(k, k) for k in keys]
     pct = args.metric in PERCENT
     scale, digits = (100.0, 1) if pct else (1.0, 3)
     what = ("acc" if args.metric == "accuracy" else args.metric) + (" %" if pct else "")
@@ -239,33 +291,12 @@ def main():
         if not args.no_plot:
             plot_against(lines, args.against, args.plot, what)
         return
-    header = (names or ["group"]) + ["n", f"final {what}", f"best {what}", f"start {what}",
-                                     "gain (pts)" if pct else "gain", "wall min", "steps/min"]
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    records = []
-    for values, members in groups.items():
-        st = {k: [r["stats"][k] for r in members] for k in members[0]["stats"]}
-        final, best, gain = (mean_se(st[k], scale) for k in ("final", "best", "gain"))
-        start, minutes, speed = np.mean(st["start"]) * scale, np.mean(st["minutes"]), np.mean(st["speed"])
-        cells = [str(v) for v in values] or ["all"]
-        cells += [str(len(members)), fmt(*final, digits), fmt(*best, digits), f"{start:.{digits}f}", fmt(*gain, digits),
-                  f"{minutes:.1f}", f"{speed:.1f}"]
-        print("| " + " | ".join(cells) + " |")
-        records.append(dict(zip(names or ["group"], cells[: max(1, len(keys))]), n=len(members), metric=args.metric,
-                            unit="percent" if pct else "as logged", final=final[0], final_se=final[1], best=best[0],
-                            best_se=best[1], start=start, gain=gain[0], gain_se=gain[1], wall_min=minutes,
-                            steps_per_min=speed))
-
+    records = group_table(groups, keys, names, args.metric, scale, digits, what)
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=list(records[0]))
-            w.writeheader()
-            w.writerows([{k: "" if v is None else round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}
-                         for rec in records])
-        print(f"csv: {args.csv}")
+        write_csv(records, args.csv)
     if not args.no_plot:
-        labels = {", ".join(f"{n}={v}" for n, v in zip(names, values)) or "all": m for values, m in groups.items()}
+        labels = {", ".join(f"{n}={v}" for n, v in zip(names, values)) or "all": members
+                  for values, members in groups.items()}
         plot(labels, args.plot, args.metric)
 
 

@@ -7,6 +7,7 @@ search (searcher.py); N = n_trainers + n_searchers.
                                                                      it does not fit
     python train.py --help                                           every config key: type, default, range, doc
 """
+import datetime
 import os
 import subprocess
 import sys
@@ -47,7 +48,7 @@ def gpu_layout(n_gpus, local_world, local_rank):
 
 def pin_gpu(gpus, local_world, local_rank):
     """Before torch touches CUDA: this rank's GPU becomes the only one it sees. A layout gpu_layout refuses pins
-    nothing: Context refuses it in one line once the config says that the run uses a GPU."""
+    nothing: Context refuses it (ConfigError) once the config says that the run uses a GPU."""
     try:
         index = gpu_layout(len(gpus), local_world, local_rank)[1]
     except ConfigError:
@@ -186,8 +187,8 @@ def claim_out_dir(cfg, clear):
 
 def plan_memory(args):
     """--plan: print the memory plan (plan.py) for --gpus N GPUs of --gpu-memory-gb M, a machine you may not have
-    yet; True when it fits. The layout is gpu_layout's for n_trainers + n_searchers ranks (a count it refuses: its
-    one line)."""
+    yet; True when it fits. The layout is gpu_layout's for n_trainers + n_searchers ranks (a count it refuses raises
+    ConfigError)."""
     import plan
     rest, opts = plan.pop_flags([a for a in args if a != "--plan"])
     path, overrides = parse_cli(rest)
@@ -226,17 +227,25 @@ def main():
     except (ConfigError, DataError, ModelError) as e:
         print(f"error: {e}" + (f" (rank {rank})" if rank else ""), file=sys.stderr)
         sys.exit(2)
-    from comm import Comm
+    from comm import Comm, connect
     if 0 < rank < cfg.n_trainers:  # trainer ranks 1..T-1 take no part in the sync rounds (comm.py)
-        import trainer
-        return trainer.follow(cfg, ctx)
+        import learner
+        import trainer_group
+        store = connect(datetime.timedelta(seconds=cfg.timeout_s))
+        return trainer_group.follow(learner.build(cfg, ctx, store))
     comm = Comm(cfg.timeout_s, cfg.n_trainers)
     if comm.rank == 0:
         import trainer
-        trainer.run(cfg, comm, ctx)
-    else:
-        import searcher
+        return trainer.run(cfg, comm, ctx)
+    import failures
+    import searcher
+    try:
         searcher.run(cfg, comm, ctx)
+    except failures.Stop:  # a collective of a round failed: rank 0 names the rank behind it
+        sys.exit(1)
+    except Exception as e:  # this searcher's own failure: rank 0 names it with this error
+        failures.report(comm.store, comm.rank, e)
+        raise
 
 
 if __name__ == "__main__":

@@ -12,33 +12,40 @@ Both average the gradients over the ranks, so each rank's loss is the mean over 
 shares are equal: B / T whole prompts) and the update is the whole batch's mean, as with one trainer.
 
 Rank 0 drives. It owns the buffer and samples each batch; it alone logs, saves and runs the sync rounds (comm.py
-holds rank 0 and the searchers only). Ranks 1..T-1 follow (trainer.follow): rank 0 sets each command as a store key,
+holds rank 0 and the searchers only). Ranks 1..T-1 follow (follow() below): rank 0 sets each Command as a store key,
 which a follower waits for however long a sync round or an evaluation takes (a collective would time out), and every
-trainer rank then runs the command's collectives in the same order:
-  step    a train step: rank 0 scatters each rank its share (scatter_object_list)
-  params  fsdp: the whole parameters for a weight push, assembled one at a time in named_parameters order
-  state   fsdp: the whole state dict, to rank 0 only (TBA's reference weights)
-  probe   fsdp: a greedy generation (check_sync), every rank in lock-step
-  save    a checkpoint: each rank's optimizer state to optimizer_rank{r}.pt; fsdp: the whole weights to rank 0
-  stop    the run is over
-With T = 1 the Group is rank 0 alone and every method is the plain local call trainer.py made before.
+trainer rank then runs the command's collectives in the same order. Both sides call the same method for a command
+(FOLLOW holds the followers' side); tell() is a no-op except on rank 0, so a method reads the same on every rank.
+With T = 1 the Group is rank 0 alone: no commands, no collectives.
 """
 import contextlib
 import datetime
+import enum
 import functools
 import os
 import pickle
 import socket
+import sys
 from collections.abc import Mapping
 
 import torch
 import torch.distributed as dist
 
-import sync
-from comm import _process_state
+import failures
+from failures import Stop
 from policy import token_logprobs
 
 POLL_S = 5  # ranks 1..T-1 waiting for a command check this often that rank 0 is still alive
+
+
+class Command(enum.Enum):
+    """What rank 0 tells ranks 1..T-1 to run with it next."""
+    STEP = "step"  # a train step: rank 0 scatters each rank its share (scatter_object_list), then Learner.update
+    PARAMS = "params"  # fsdp: the whole parameters for a weight push, one at a time in named_parameters order
+    STATE = "state"  # fsdp: the whole state dict, to rank 0 only (TBA's reference weights)
+    PROBE = "probe"  # a greedy generation (check_sync); fsdp: every rank in lock-step
+    SAVE = "save"  # a checkpoint: each rank's optimizer state to optimizer_rank{r}.pt; fsdp: whole weights to rank 0
+    STOP = "stop"  # the run is over
 
 
 class LogProbs(torch.nn.Module):
@@ -55,15 +62,6 @@ class LogProbs(torch.nn.Module):
 
     def generate(self, **kwargs):  # fsdp: registered as a forward method (register_fsdp_forward_method)
         return self.model.generate(**kwargs)
-
-
-class GroupFailed(sync.RoundFailed):
-    """A collective of the trainer group failed: a trainer rank died, or it hit timeout_s."""
-    where = "trainer group"
-
-
-class Left(Exception):
-    """Ranks 1..T-1: rank 0 is gone."""
 
 
 def decoder_layers(model):
@@ -109,7 +107,7 @@ class Group:
         if self.size == 1:
             return
         self.root, self.store = store, dist.PrefixStore("trainers", store)
-        self.store.set(f"pid/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")  # for comm.diagnose
+        self.store.set(f"pid/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")  # for failures.diagnose
         # gloo for CPU tensors (commands, metrics, barriers), NCCL for the model's on GPUs
         backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.PrefixStore("pg", self.store), rank=self.rank,
@@ -132,8 +130,9 @@ class Group:
 
     # ------------------------------------------------------------ commands, rank 0 -> ranks 1..T-1
     def tell(self, command, arg=None, shares=None):
-        """Rank 0: ranks 1..T-1 run `command` (with `arg`) next; for a train step every rank gets its element of
-        `shares` (scatter_object_list). Returns rank 0's share. Ranks 1..T-1 (and T = 1): nothing to tell."""
+        """Rank 0: ranks 1..T-1 run `command` (a Command, with `arg`) next; for a train step every rank gets its
+        element of `shares` (scatter_object_list). Returns rank 0's share. Ranks 1..T-1 (and T = 1): nothing to
+        tell; they get their share from receive()."""
         if self.size == 1 or self.rank != 0:
             return shares[0] if shares else None
         self.store.set(f"cmd/{self.n}", pickle.dumps((command, arg)))
@@ -144,42 +143,35 @@ class Group:
             return self.scatter(shares)
         return None
 
-    def next_command(self):
-        """Ranks 1..T-1: (command, arg, this rank's share or None), waiting as long as rank 0 lives."""
+    def receive(self):
+        """Ranks 1..T-1: (the next Command, its arg, this rank's share or None), waiting as long as rank 0 lives."""
         key = f"cmd/{self.n}"
         while True:
             try:
                 self.store.wait([key], datetime.timedelta(seconds=POLL_S))
                 break
             except dist.DistStoreError:  # the wait timed out (a store that is gone raises another error)
-                if self.rank0_gone():
-                    raise Left("rank 0 is gone") from None
+                if failures.dead(failures.rank_state(self.root, "pid/0")[1]):
+                    raise Stop("rank 0 is gone") from None
         command, arg = pickle.loads(self.store.get(key))
         self.n += 1
-        return command, arg, self.scatter(None) if command == "step" else None
+        return command, arg, self.scatter(None) if command is Command.STEP else None
 
     def scatter(self, shares):
         out = [None]
         dist.scatter_object_list(out, shares, src=0)
         return out[0]
 
-    def rank0_gone(self):
-        """Whether rank 0's process, on this node, has died (on another node: its store going away tells)."""
-        if not self.root.check(["pid/0"]):
-            return False
-        host, pid = self.root.get("pid/0").decode().rsplit(":", 1)
-        return host == socket.gethostname() and _process_state(int(pid)) in ("gone", "Z", "X")
-
     @contextlib.contextmanager
     def collectives(self):
-        """Rank 0: a failed collective of the group (a trainer rank died or hit timeout_s) raises GroupFailed."""
+        """Rank 0: a failed collective of the group (a trainer rank died or hit timeout_s) raises Stop."""
         try:
             yield
         except RuntimeError as e:
             if self.size == 1:
                 raise
-            self.failed = True
-            raise GroupFailed(e) from None
+            self.failed = True  # no checkpoint can be assembled any more
+            raise Stop(where="trainer group", error=e) from None
 
     # ------------------------------------------------------------ a train step, on every trainer rank
     def split(self, flat):
@@ -187,7 +179,7 @@ class Group:
         n = len(flat) // self.size
         return [flat[r * n : (r + 1) * n] for r in range(self.size)]
 
-    def mean(self, sums):
+    def average(self, sums):
         """Each rank's metric sums (means over its share) -> their mean over the ranks: the whole batch's."""
         if self.size == 1:
             return sums
@@ -197,46 +189,46 @@ class Group:
         mean = dict(zip(keys, (values / self.size).tolist()))
         return {k: mean[k] for k in sums}
 
-    def whole(self, tensor):
-        """A DTensor (fsdp: clip_grad_norm_'s total norm) as a plain tensor."""
+    def assemble(self, tensor):
+        """A DTensor (fsdp: clip_grad_norm_'s total norm) as a plain tensor: a collective; others as they are."""
         return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
     # ------------------------------------------------------------ whole weights out of the shards (fsdp)
     def sharded(self):
         return self.size > 1 and self.parallel == "fsdp"
 
-    def full_params(self):
-        """Rank 0, before a weight push: the parameters to send, assembled during the push (FullParams), or None
-        when the model's own are whole (T = 1, ddp)."""
+    def gather_params(self):
+        """Rank 0, before a weight push: the parameters to send, each assembled when the push reads it
+        (FullParams), or None when the model's own are whole (T = 1, ddp)."""
         if not self.sharded():
             return None
-        self.tell("params")
+        self.tell(Command.PARAMS)
         return FullParams(self.model)
 
     def assemble_params(self):
-        """Ranks 1..T-1: their part of FullParams."""
+        """Ranks 1..T-1: their part of FullParams, in the same order."""
         for _, p in self.model.named_parameters():
             p.full_tensor()
 
-    def full_state(self):
+    def gather_state(self):
         """The model's state dict with whole tensors: under fsdp on rank 0 only, on the CPU, and every trainer rank
         calls it (rank 0 tells the others): torch.distributed.checkpoint.state_dict.get_model_state_dict with
         full_state_dict and cpu_offload (https://pytorch.org/docs/stable/distributed.checkpoint.html)."""
         if not self.sharded():
             return self.model.state_dict()
-        self.tell("state")
-        return self._gather_state()
+        self.tell(Command.STATE)
+        return self.full_state_dict()
 
-    def _gather_state(self):
+    def full_state_dict(self):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
-    def probe_model(self):
-        """What greedy_probe generates with: the model, or under fsdp the FSDP2 root, with which every trainer rank
+    def start_probe(self):
+        """The module a probe generates with: the model, or under fsdp the FSDP2 root, with which every trainer rank
         generates in lock-step (rank 0 tells the others)."""
         if not self.sharded():
             return self.model
-        self.tell("probe")
+        self.tell(Command.PROBE)
         return self.net
 
     # ------------------------------------------------------------ checkpoints
@@ -244,8 +236,8 @@ class Group:
         """A checkpoint being written into `tmp` (rank 0 made it; a shared filesystem across nodes): every trainer
         rank writes its optimizer state there as optimizer_rank{r}.pt (fsdp: its shard), and rank 0 gets the whole
         weights for the HF files (returned; None: the model's own are whole)."""
-        self.tell("save", tmp)
-        weights = self._gather_state() if self.sharded() else None
+        self.tell(Command.SAVE, tmp)
+        weights = self.full_state_dict() if self.sharded() else None
         state = opt.state_dict()
         state["state"] = {i: {k: v.to_local() if hasattr(v, "to_local") else v for k, v in s.items()}
                           for i, s in state["state"].items()}
@@ -277,5 +269,37 @@ class Group:
         if self.size == 1:
             return
         if stop:
-            self.tell("stop")
+            self.tell(Command.STOP)
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- ranks 1..T-1
+
+# A follower's side of each command: the same call rank 0 makes (or, for PARAMS, the reads of rank 0's weight push)
+FOLLOW = {
+    Command.STEP: lambda learner, arg, share: learner.update(share, *arg),
+    Command.PARAMS: lambda learner, arg, share: learner.group.assemble_params(),
+    Command.STATE: lambda learner, arg, share: learner.group.gather_state(),
+    Command.PROBE: lambda learner, arg, share: learner.probe(),
+    Command.SAVE: lambda learner, arg, share: learner.group.save_shards(learner.opt, arg),
+}
+
+
+def follow(learner):
+    """Trainer ranks 1..T-1: rank 0's commands, run in lock-step with it until it says STOP. SIGTERM / SIGINT are
+    rank 0's to act on: it saves a checkpoint with these ranks' optimizer states, then stops them. A failure ends
+    this rank with exit code 1; rank 0 names it (failures.diagnose)."""
+    group, signalled = learner.group, failures.catch_signals()
+    try:
+        while True:
+            command, arg, share = group.receive()
+            if command is Command.STOP:
+                break
+            FOLLOW[command](learner, arg, share)
+    except Exception as e:  # rank 0 or another trainer rank is gone, or this one failed
+        if not isinstance(e, (Stop, RuntimeError)):
+            failures.report(group.store, group.rank, e)
+        if not signalled:
+            failures.say(f"error: trainer rank {group.rank}: {failures.first_line(e)}")
+        sys.exit(1)
+    group.close(stop=False)

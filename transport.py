@@ -57,7 +57,7 @@ def new_nccl_group(comm):
     """The NCCL group of the weight broadcasts, with comm's timeout (timeout_s). Its watchdog thread would end the
     process on a failed or timed-out collective (TORCH_NCCL_ASYNC_ERROR_HANDLING's default, 3) before the trainer
     could name the dead rank and save a checkpoint; 2 makes it abort the communicator only, and the failure is raised
-    in the thread that waits on the broadcast (push / pull), where sync.py turns it into RoundFailed."""
+    in the thread that waits on the broadcast (push / pull), where sync.py turns it into failures.Stop."""
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")  # read when the group is built
     options = dist.ProcessGroupNCCL.Options()
     options._timeout = comm.timeout  # the API torch's own new_group uses (distributed_c10d._new_process_group_helper)
@@ -116,7 +116,7 @@ class WeightTransport:
 
     def _broadcast(self):
         """Every bucket from rank 0 over self.pg. Each wait has the timeout (a wait with one blocks the CPU thread for
-        NCCL too) and a failure raises RuntimeError, for sync.py's RoundFailed."""
+        NCCL too) and a failure raises RuntimeError, for sync.py's failures.Stop."""
         for flat in self.flat:
             if not self.pg.broadcast(flat, 0).wait(self.comm.timeout):
                 raise RuntimeError(f"the weight broadcast ({self.kind}) did not finish within {self.comm.timeout}")

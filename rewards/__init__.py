@@ -103,11 +103,13 @@ def read_records(source, split, hub_config=None):
     try:
         import datasets
     except ImportError:
-        raise DataError(f"'{source}' is not a local file; loading it from the hub needs `pip install datasets`") from None
+        raise DataError(f"'{source}' is not a local file; loading it from the hub needs "
+                        "`pip install datasets`") from None
     try:
         ds = datasets.load_dataset(source, hub_config, split=split)
     except Exception as e:  # network, unknown id, ...
-        raise DataError(f"could not load dataset '{source}' split '{split}' from the hub: {str(e).splitlines()[0]}") from None
+        raise DataError(f"could not load dataset '{source}' split '{split}' from the hub: "
+                        f"{str(e).splitlines()[0]}") from None
     return list(enumerate(ds, 1))
 
 

@@ -1,4 +1,4 @@
-"""Arith: procedural GSM8K-format word problems small enough for a tiny model on CPU (reference/tiny_learning.md).
+"""Arith: procedural GSM8K-format word problems small enough for a tiny model on CPU (docs/tasks.md).
 
     "Tom has 23 apples and buys 45 more. How many apples does Tom have now?"  ->  "23 + 45 = 68. #### 68"
 
@@ -89,6 +89,7 @@ def load(source, split):
     if source.endswith((".jsonl", ".json", ".parquet")):
         return gsm8k.load(source, split)
     parts = source.split(":")
-    if len(parts) != 3 or parts[0] != "procedural" or parts[1] not in SEEDS or not parts[2].isdigit() or int(parts[2]) < 1:
+    if (len(parts) != 3 or parts[0] != "procedural" or parts[1] not in SEEDS or not parts[2].isdigit()
+            or int(parts[2]) < 1):
         raise DataError(f"arith data '{source}': expected procedural:<train|dev|test>:<n> or a .jsonl/.parquet file")
     return [{"prompt": PROMPT.format(question=q), "answer": s} for q, s in generate(parts[1], int(parts[2]))]

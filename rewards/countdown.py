@@ -104,7 +104,8 @@ def load(source, split):
     if source.startswith("procedural:"):
         parts = source.split(":")
         if len(parts) != 3 or parts[1] not in SEEDS or not parts[2].isdigit() or int(parts[2]) < 1:
-            raise DataError(f"countdown data '{source}': expected procedural:<train|dev|test>:<n> or a .jsonl/.parquet file")
+            raise DataError(f"countdown data '{source}': expected procedural:<train|dev|test>:<n> or a "
+                            ".jsonl/.parquet file")
         return [record(*p) for p in generate(parts[1], int(parts[2]))]
     rows = read_records(source, split)
     if not rows:
@@ -114,7 +115,8 @@ def load(source, split):
         numbers, target = row.get("numbers", row.get("nums")), row.get("target")
         if not (isinstance(numbers, list) and 1 <= len(numbers) <= MAX_NUMBERS
                 and all(_is_int(x) and 1 <= x <= MAX_NUMBER for x in numbers)):
-            raise DataError(f"{source}:{line}: 'numbers' must be a list of 1..{MAX_NUMBERS} integers in 1..{MAX_NUMBER}")
+            raise DataError(f"{source}:{line}: 'numbers' must be a list of 1..{MAX_NUMBERS} integers in "
+                            f"1..{MAX_NUMBER}")
         if not _is_int(target):
             raise DataError(f"{source}:{line}: 'target' must be an integer")
         out.append(record(numbers, target))

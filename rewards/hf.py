@@ -18,7 +18,8 @@ def resolve(path, default, key):
         raise ModelError(f"'{key}' is empty and the task has no default")
     local = path.startswith((".", "/")) or os.environ.get("HF_HUB_OFFLINE") == "1"
     if local and not os.path.isdir(path):
-        raise ModelError(f"{key} not found: {path}" + (" (HF_HUB_OFFLINE=1)" if not path.startswith((".", "/")) else ""))
+        offline = " (HF_HUB_OFFLINE=1)" if not path.startswith((".", "/")) else ""  # a hub id, looked for locally
+        raise ModelError(f"{key} not found: {path}{offline}")
     return path
 
 

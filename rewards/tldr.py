@@ -54,7 +54,8 @@ class Scorer:
     """The training reward: the reward model's score of each finished completion, NON_EOS_PENALTY for the rest."""
 
     def __init__(self, cfg, device):
-        self.rm = hf.classifier(hf.resolve(cfg.reward_model, DEFAULT_REWARD_MODEL, "reward_model"), str(device), cfg.dtype)
+        path = hf.resolve(cfg.reward_model, DEFAULT_REWARD_MODEL, "reward_model")
+        self.rm = hf.classifier(path, str(device), cfg.dtype)
         if self.rm.num_labels != 1:
             raise ValueError(f"reward_model must have one output (a scalar score), it has {self.rm.num_labels}")
 
@@ -98,8 +99,8 @@ class Evaluator:
         prompts = [encode_prompt(tok, r["prompt"]) for r in records]
         responses = []
         for s in range(0, len(prompts), EVAL_BATCH):
-            responses += [g[0][0] for g in engine.generate(prompts[s : s + EVAL_BATCH], 1, self.temperature,
-                                                           max_new_tokens)]
+            gens = engine.generate(prompts[s : s + EVAL_BATCH], 1, self.temperature, max_new_tokens)
+            responses += [gen[0][0] for gen in gens]
         return self.metrics(records, prompts, responses, [tok.decode(r, skip_special_tokens=True) for r in responses])
 
     def metrics(self, records, prompts, responses, summaries):

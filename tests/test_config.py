@@ -194,6 +194,30 @@ def test_help_names_every_key_with_its_default_and_doc():
         assert " ".join(f.metadata["doc"].split()) in flat, name
 
 
+def test_help_cites_no_machine_and_no_measurement():
+    """Each key's doc says what the key does, its unit and when to change it; figures from a machine (GPU models,
+    measurements, speedups) belong in docs/performance.md with their commands, not in --help."""
+    import re
+    bans = {"a GPU model": re.compile(r"(?<![A-Za-z])(?:[ABHLV]\d{2,3}|GH200|GB200|T4|L4|L40S?|MI\d{3}X?|RTX ?\d{4}"
+                                      r"|A6000|A40|Tesla)s?(?![A-Za-z0-9])", re.IGNORECASE),
+            "a measurement": re.compile(r"measur", re.IGNORECASE),
+            "a speedup": re.compile(r"\d(?:\.\d+)?(?:x|\u00d7)(?=$|\W|[A-Z])|\d(?:\.\d+)? ?(?:x|\u00d7|times) "
+                                    r"(?:faster|slower|quicker)|speed-?ups?\b", re.IGNORECASE)}
+    for example in ("(H200 measured: 790)", "3.4x faster decode", "measured on a CPU", "on 4xA100", "an h100",
+                    "2.5 times faster", "a 1.9x speedup", "V100s"):
+        assert any(ban.search(example) for ban in bans.values()), example  # each ban catches what it is meant to
+    for harmless in ("B x K samples", "0 = 2 x chunk_prompts x S", "paper: 7 x 20", "2 x 8", "bf16 TFLOP/s"):
+        assert not any(ban.search(harmless) for ban in bans.values()), harmless
+    text = help_text()
+    assert len(text) > 5000 and text.count("\n") > 150, len(text)  # the whole reference, not an empty string
+    for name in ("peak_tflops", "hf_static_cache", "inflight", "async", "K", "vllm_gpu_memory_utilization"):
+        assert f"\n  {name} " in text, name
+    assert "docs/performance.md" in text  # where the figures are
+    for what, ban in bans.items():
+        found = [line.strip() for line in text.splitlines() if ban.search(line)]
+        assert not found, f"--help names {what}: {found}"
+
+
 def test_docs_config_md_is_the_generated_reference():
     p = subprocess.run([sys.executable, os.path.join(ROOT, "config.py"), "--reference"], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

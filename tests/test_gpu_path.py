@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 import engine
+import failures
 import searcher
 import sync
 import train
@@ -234,7 +235,7 @@ def test_nccl_group_has_the_timeout_and_a_failed_broadcast_fails_the_round(monke
     assert len(FakeNCCL.waits) == len(weights.flat) >= 2 and set(FakeNCCL.waits) == {TIMEOUT}
     for outcome in (dist.DistBackendError("NCCL communicator was aborted"), False):  # an error, a timed-out wait
         FakeNCCL.outcome = outcome
-        with pytest.raises(sync.RoundFailed):
+        with pytest.raises(failures.Stop, match="the sync round failed"):
             sync.trainer_push(None, weights, sync.Flag.WEIGHTS)
     weights.close(failed=True)
     weights.close()

@@ -94,12 +94,17 @@ class StepEngine:
 
 def test_in_flight_hand_over_returns_finished_samples_and_a_place_that_revisits_running_ones():
     from config import Config
-    from searcher import InFlight, Shard
+    from searcher import InFlightSearch, Searcher, Shard
     cfg = Config(S=2, chunk_prompts=2, max_inflight=4)
     shard, engine = Shard(1, 1, 50, seed=0), StepEngine()
     made = []
-    flight = InFlight(cfg, engine, shard, lambda flat: made.extend(flat) or [f[0] for f in flat], {"gen_s": 0.0})
-    assert flight.top_up(10, [[1]] * 50) == 2 and len(engine.flight) == 4  # max_inflight: two visits of S = 2
+
+    class Recording(Searcher):  # keeps what it is given; a "sample" is its prompt id
+        def make_samples(self, flat):
+            made.extend(flat)
+            return [f[0] for f in flat]
+    flight = InFlightSearch(Recording(cfg, engine, None, None, None, None, [[1]] * 50, shard, stats={"gen_s": 0.0}))
+    assert flight.top_up(10) == 2 and len(engine.flight) == 4  # max_inflight: two visits of S = 2
     order = list(shard.order)
     flight.advance()
     flight.advance()  # requests 0 and 3 have finished: visit 0 is half done, visit 1 too

@@ -49,7 +49,7 @@ def pair(greedy):
     lp, answers = greedy.log_p_toxic(CANDIDATES)
     toxic = [a for a, x, y in zip(CANDIDATES, lp, answers) if "9" in y[0] and x > LOG_HALF]
     clean = [a for a, x, y in zip(CANDIDATES, lp, answers) if "9" not in y[0] and x < LOG_HALF]
-    assert toxic and clean, f"the victim and classifier agree on no toxic ({len(toxic)}) or no clean ({len(clean)}) case"
+    assert toxic and clean, f"victim and classifier agree on {len(toxic)} toxic and {len(clean)} clean attacks"
     return toxic[0], clean[0]
 
 

@@ -141,6 +141,24 @@ def test_stuck_searcher_hits_the_timeout_and_ends_the_job(tiny_model, tmp_path):
     assert leftovers(out) == []
 
 
+def test_a_searcher_that_raises_is_named_with_its_error(tiny_model, tmp_path):
+    """Every searcher fails at its first generation (the task's scorer cannot be built): the trainer's line names
+    them with their own error, not a failed round, whether or not their processes are gone yet."""
+    out = str(tmp_path / "run")
+    job = start(HF_SYNC + [f"task={os.path.join(ROOT, 'tests', 'tasks', 'broken_scorer.py')}", "steps=5"], out)
+    try:
+        output, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0, output[-3000:]
+    line = [x for x in output.splitlines() if x.startswith("error: at step 0:")]
+    assert line and "searcher rank 1 failed: ValueError: the scorer's model is missing" in line[0], output[-3000:]
+    assert "no new step to save; continue with resume=auto" in line[0]
+    time.sleep(1)
+    assert leftovers(out) == []
+
+
 def test_non_finite_reward_skips_that_update_and_the_run_goes_on(tiny_model, tmp_path):
     """NaN rewards for the first prompt each searcher visits: step 1's batch (synchronous mode) is poisoned."""
     rows, summary = torchrun(HF_SYNC + [NAN_TASK, "steps=4"], str(tmp_path / "run"), env={"NAN_CALLS": "8"})

@@ -8,8 +8,9 @@ import pytest
 
 import sync
 from config import Config
+from failures import Stop
 from sync import Flag
-from trainer import merge_evals
+from eval import merge_evals
 
 
 class Recorder:
@@ -74,13 +75,16 @@ def test_both_sides_make_the_same_collectives_in_the_same_order(bits):
         assert searcher.calls[searcher.calls.index("weights") + 1] == "weights done"
 
 
-def test_a_failed_collective_becomes_round_failed():
+def test_a_failed_collective_stops_the_job_on_either_side():
     class Dead(Recorder):
         def gather_object(self, obj):
             raise RuntimeError("Connection closed by peer")
-    with pytest.raises(sync.RoundFailed) as e:
+    with pytest.raises(Stop) as e:
         sync.trainer_gather(Dead(0), 3, Flag.WEIGHTS)
-    assert "Connection closed by peer" in str(e.value)
+    assert e.value.where == "sync round" and "Connection closed by peer" in str(e.value.error)
+    with pytest.raises(Stop) as e:  # a searcher's collective: rank 0's diagnosis names the rank behind it
+        sync.searcher_round(Dead(1), Dead(1), Flag.WEIGHTS, "report", Dead(1), RefModel(), [1], lambda: ([], {}))
+    assert e.value.where == "sync round"
 
 
 def test_flags_decide_the_reference_reset_every_rho_steps():

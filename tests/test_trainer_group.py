@@ -14,17 +14,20 @@ import time
 
 import numpy as np
 import pytest
+import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 
 import checkpoint
 import plan
-from buffer import Sample
+import trainer_group
+from buffer import Draw, Sample
 from config import load_config
 from conftest import ROOT, TINY, read_run, start, torchrun
-from losses import get_loss
-from policy import load_model, token_logprobs
+from learner import Learner
+from policy import load_model, load_tokenizer, token_logprobs
+from trainer_group import Command
 from test_resilience import kill_rank_1, leftovers, stop_with
-from trainer import update
 
 SYNC = ["engine=hf", "async=false", "n_test=4", "lr=3e-3"]  # HF sampling with fixed seeds: the same batches
 
@@ -44,10 +47,10 @@ class FakeGroup:
         self.model = model
         self.logprobs = lambda prompts, responses, temperature: token_logprobs(model, prompts, responses, temperature)
 
-    def mean(self, sums):
+    def average(self, sums):
         return sums
 
-    def whole(self, tensor):
+    def assemble(self, tensor):
         return tensor
 
 
@@ -69,7 +72,7 @@ class Capture:
                                          ("grpo", {"grpo_norm": "seq_mean"}), ("dr_grpo", {}), ("rloo", {}),
                                          ("online_dpo", {}), ("tba_prime", {}), ("m2po", {})])
 def test_every_loss_averaged_over_two_shares_is_the_whole_batchs(tiny_model, loss, extra):
-    """trainer.update on each half of a batch (whole prompts, the whole batch's token and sample counts), gradients
+    """Learner.update on each half of a batch (whole prompts, the whole batch's token and sample counts), gradients
     averaged as FSDP / DDP average them, equals update on the whole batch: for every loss, whatever its normaliser."""
     cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=4,
                               loss=loss, **extra)
@@ -83,13 +86,135 @@ def test_every_loss_averaged_over_two_shares_is_the_whole_batchs(tiny_model, los
                                      -rng.random(n).astype(np.float32), -rng.random(n).astype(np.float32), 0, True)))
     totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
     model = load_model(tiny_model, "float32", "cpu")
+    learner = Learner(cfg, None, prompts, model, FakeGroup(model))
     grads = []
     for share in (flat, flat[: len(flat) // 2], flat[len(flat) // 2 :]):
-        opt = Capture(model.parameters())
-        update(cfg, FakeGroup(model), opt, prompts, get_loss(loss), share, totals, 1)
-        grads.append(opt.grads)
+        learner.opt = Capture(model.parameters())
+        learner.update(share, totals, 1)
+        grads.append(learner.opt.grads)
     for whole, a, b in zip(*grads):  # float32 sums in another order: equal up to rounding
         assert (whole - (a + b) / 2).abs().max() <= 1e-5 * whole.abs().max(), loss
+
+
+# ---------------------------------------------------------------- the commands' protocol, no processes
+
+
+class Store:
+    """torchrun's store between rank 0 and one follower, run one after the other in this process."""
+
+    def __init__(self):
+        self.keys = {}
+
+    def set(self, key, value):
+        self.keys[key] = value if isinstance(value, bytes) else str(value).encode()
+
+    def get(self, key):
+        return self.keys[key]
+
+    def check(self, keys):
+        return all(k in self.keys for k in keys)
+
+    def wait(self, keys, timeout=None):
+        if not self.check(keys):
+            raise dist.DistStoreError("the follower waits for a command rank 0 never gave")
+
+    def delete_key(self, key):
+        self.keys.pop(key, None)
+
+
+class Recorder:
+    """Stands in for torch.distributed in trainer_group.py and records each collective a side makes; the shares of a
+    scatter pass from rank 0 to the follower."""
+    DistStoreError = dist.DistStoreError
+
+    def __init__(self):
+        self.calls, self.shares = [], None
+
+    def scatter_object_list(self, out, shares, src=0):
+        self.calls.append("scatter")
+        if shares is not None:
+            self.shares = shares
+        out[0] = self.shares[0 if shares is not None else 1]
+
+    def all_reduce(self, tensor):
+        self.calls.append("all_reduce")
+        tensor *= 2  # the sum of two equal ranks' values
+
+    def barrier(self):
+        self.calls.append("barrier")
+
+    def destroy_process_group(self):
+        self.calls.append("destroy")
+
+
+def rank_of_two(model, rank, store):
+    """A trainer_group.Group of rank `rank` in a group of two under fsdp, without a process group."""
+    group = trainer_group.Group.__new__(trainer_group.Group)
+    group.size, group.parallel, group.rank, group.model, group.failed, group.n = 2, "fsdp", rank, model, False, 0
+    group.root = group.store = store
+    group.net = group.logprobs = trainer_group.LogProbs(model)
+    return group
+
+
+# rank 0's side of each command, as trainer.py and learner.py make it; close() ends every sequence (STOP)
+RANK0 = {
+    Command.STEP: lambda learner, batch, tmp: learner.train(batch, 1),
+    Command.PARAMS: lambda learner, batch, tmp: [p for p in learner.group.gather_params().values()],
+    Command.STATE: lambda learner, batch, tmp: learner.group.gather_state(),
+    Command.PROBE: lambda learner, batch, tmp: learner.probe(),
+    Command.SAVE: lambda learner, batch, tmp: learner.group.save_shards(learner.opt, tmp),
+    Command.STOP: lambda learner, batch, tmp: None,
+}
+
+
+def both_sides(command, tiny_model, tmp_path, monkeypatch):
+    """The collectives rank 0 makes for `command` and those a follower makes for it (trainer_group.follow)."""
+    recorder = Recorder()
+    monkeypatch.setattr(trainer_group, "dist", recorder)
+    monkeypatch.setattr(trainer_group.failures, "catch_signals", lambda: [])
+    monkeypatch.setattr(torch.nn.Parameter, "full_tensor", lambda p: recorder.calls.append("param") or p, raising=False)
+    monkeypatch.setattr(trainer_group.Group, "full_state_dict", lambda group: recorder.calls.append("state") or {})
+    forward, generate = trainer_group.LogProbs.forward, trainer_group.LogProbs.generate
+    monkeypatch.setattr(trainer_group.LogProbs, "forward",
+                        lambda net, *a: recorder.calls.append("forward") or forward(net, *a))
+    monkeypatch.setattr(trainer_group.LogProbs, "generate",
+                        lambda net, **kw: recorder.calls.append("generate") or generate(net, **kw))
+    cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=4)
+    rng = np.random.default_rng(0)
+    prompts = [[1] + rng.integers(4, 100, 5).tolist() for _ in range(cfg.B)]
+    batch = [Draw(gid, [Sample(gid, tuple(rng.integers(4, 100, 3).tolist()), 1.0, -np.ones(3, np.float32),
+                          -np.ones(3, np.float32), 0, True) for _ in range(cfg.K)], False) for gid in range(cfg.B)]
+    tok, store, sides = load_tokenizer(tiny_model), Store(), []
+    for rank in (0, 1):
+        model = load_model(tiny_model, "float32", "cpu")
+        learner = Learner(cfg, tok, prompts, model, rank_of_two(model, rank, store))
+        recorder.calls = []
+        if rank == 0:
+            RANK0[command](learner, batch, str(tmp_path))
+            learner.group.close()
+        else:
+            trainer_group.follow(learner)
+        sides.append(recorder.calls)
+    return sides
+
+
+@pytest.mark.parametrize("command", list(Command))
+def test_rank_0_and_a_follower_make_the_same_collectives_for_every_command(tiny_model, tmp_path, monkeypatch,
+                                                                          command):
+    assert set(RANK0) == set(Command)  # a new command needs its rank-0 side here
+    rank0, follower = both_sides(command, tiny_model, tmp_path, monkeypatch)
+    assert rank0 == follower and rank0[-1] == "destroy"
+    assert len(rank0) > 1 or command is Command.STOP  # every other command makes collectives of its own
+
+
+def test_the_protocol_test_sees_two_sides_drift_apart(tiny_model, tmp_path, monkeypatch):
+    """A follower whose save skips the barrier (rank 0 would wait in it until timeout_s) is caught."""
+    def save_without_barrier(learner, arg, share):
+        trainer_group.dist.barrier = lambda: None
+        learner.group.save_shards(learner.opt, arg)
+    monkeypatch.setitem(trainer_group.FOLLOW, Command.SAVE, save_without_barrier)
+    rank0, follower = both_sides(Command.SAVE, tiny_model, tmp_path, monkeypatch)
+    assert rank0 != follower and rank0.count("barrier") == 1 and "barrier" not in follower
 
 
 # ---------------------------------------------------------------- whole runs: 2 trainers + 2 searchers

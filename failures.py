@@ -1,0 +1,184 @@
+"""Why a job stops, in one place: signals, the stop reasons, which ranks are alive, and the diagnosis that names the
+rank behind a failed collective.
+
+Every rank registers "pid/<rank>" (comm.py; trainer ranks under "trainers/", trainer_group.py) in torchrun's store. A
+rank that raises writes "failed/<rank>" with its error before it tears down (report), and a searcher that leaves on
+SIGTERM / SIGINT writes "left/<rank>" (leave_on_signal), so rank 0 can tell a crash from a requested exit. After a
+collective fails, diagnose() waits at most DIAGNOSE_S for one of those keys or a dead process, instead of guessing how
+long a dying rank takes to go.
+"""
+import os
+import signal
+import socket
+import sys
+import time
+
+DIAGNOSE_S = 5.0  # how long rank 0 waits, after a failed collective, for the rank behind it to show itself
+POLL_S = 0.1
+
+
+class Stop(Exception):
+    """The job must stop. `why`: the line the user reads, or None for a failed collective, whose `where` ("sync
+    round", "trainer group") and `error` the diagnosis turns into one (reason()). `code`: the exit code."""
+
+    def __init__(self, why=None, code=1, where=None, error=None):
+        super().__init__(why or f"the {where} failed: {first_line(error)}")
+        self.why, self.code, self.where, self.error = why, code, where, error
+
+
+def first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+# ---------------------------------------------------------------- signals
+
+
+def catch_signals():
+    """Trainer ranks: SIGTERM / SIGINT append the signal's name to the returned list; the loop finishes its step,
+    saves and exits (rank 0), or waits for rank 0's stop (ranks 1..T-1)."""
+    signalled = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: signalled.append(signal.Signals(signum).name))
+    return signalled
+
+
+def leave_on_signal(store, rank):
+    """Searchers: SIGTERM / SIGINT mark this exit as requested ("left/<rank>", not a crash) and leave at once; the
+    trainer saves the checkpoint."""
+    def leave(signum, frame):
+        try:
+            store.set(f"left/{rank}", str(signum))
+        except Exception:  # the store may be gone already (the whole job is stopping)
+            pass
+        os._exit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, leave)
+
+
+def report(store, rank, error):
+    """A rank that raised: its error under "failed/<rank>" before it tears down, for rank 0's diagnosis."""
+    try:
+        store.set(f"failed/{rank}", f"{type(error).__name__}: {first_line(error)}")
+    except Exception:  # the store is gone: rank 0 finds the dead process instead
+        pass
+
+
+# ---------------------------------------------------------------- liveness
+
+
+def process_state(pid):
+    """The one-letter state from /proc (R, S, D, T, Z, ...), 'gone', or None when it cannot be told."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+    except OSError:
+        return None
+
+
+def rank_state(store, key):
+    """(pid, state) of the process registered under `key` ("host:pid"): state as process_state for a process on this
+    node, None on another node; (None, None) when it never registered."""
+    if not store.check([key]):
+        return None, None
+    host, pid = store.get(key).decode().rsplit(":", 1)
+    return pid, process_state(int(pid)) if host == socket.gethostname() else None
+
+
+def dead(state):
+    return state in ("gone", "Z", "X")
+
+
+def problems(store, prefix, name, ranks, world_rank):
+    """(dead or stopped, failed) phrases for the ranks registered under prefix + "pid/<r>": a process on this node
+    that is gone or stopped; a rank that wrote prefix + "failed/<r>" (report). A rank that left on a signal
+    (leave_on_signal) did not die."""
+    broken, failed = [], []
+    for r in ranks:
+        pid, state = rank_state(store, f"{prefix}pid/{r}")
+        if dead(state) and not store.check([f"{prefix}left/{r}"]):
+            broken.append(f"{name} rank {world_rank(r)} (pid {pid}) died")
+        elif state == "T":
+            broken.append(f"{name} rank {world_rank(r)} (pid {pid}) is stopped")
+        elif store.check([f"{prefix}failed/{r}"]):
+            failed.append(f"{name} rank {world_rank(r)} failed: {store.get(f'{prefix}failed/{r}').decode()}")
+    return broken, failed
+
+
+def late(comm):
+    """The live searchers that did not join the current round."""
+    found = []
+    for r in range(1, comm.world):
+        pid, state = rank_state(comm.store, f"pid/{r}")
+        joined = int(comm.store.get(f"joined/{r}")) if comm.store.check([f"joined/{r}"]) else -1
+        if not dead(state) and joined < comm.round - 1:
+            found.append(f"searcher rank {r + comm.offset} (pid {pid}) did not join sync round {comm.round - 1}")
+    return found
+
+
+def trainer_problems(store, n_trainers):
+    """The trainer ranks 1..T-1 that died, are stopped or failed, one phrase each."""
+    broken, failed = problems(store, "trainers/", "trainer", range(1, n_trainers), lambda r: r)
+    return broken + failed
+
+
+def diagnose(comm, wait_s=0.0):
+    """Rank 0: the ranks that died or are stopped, else those that failed (report), one phrase each, waiting up to
+    `wait_s` for one to show: a rank that was killed closes its sockets before its process is gone. Without any, the
+    searchers that did not join the round (their lateness is only a consequence when another rank broke)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        t_broken, t_failed = problems(comm.store, "trainers/", "trainer", range(1, comm.offset + 1), lambda r: r)
+        s_broken, s_failed = problems(comm.store, "", "searcher", range(1, comm.world), lambda r: r + comm.offset)
+        found = (t_broken + s_broken) or (t_failed + s_failed)
+        if found or time.monotonic() >= deadline:
+            return found or late(comm)
+        time.sleep(POLL_S)
+
+
+def trainers_alive(comm, group):
+    """After a failure: whether every trainer rank can still take part in a checkpoint (always with T = 1)."""
+    if group.size == 1:
+        return True
+    try:
+        return not group.failed and not trainer_problems(comm.store, group.size)
+    except Exception:  # the rendezvous store itself is gone
+        return False
+
+
+# ---------------------------------------------------------------- why the run stops
+
+
+def stop_reason(cfg, state, signalled, row):
+    """After a trainer step: a Stop for a signal or for max_bad_steps updates in a row skipped for a non-finite loss
+    or gradient, or None to go on."""
+    if signalled:
+        return Stop(f"stopped by {signalled[0]}", 128 + signal.Signals[signalled[0]])
+    if state.bad_in_a_row >= cfg.max_bad_steps:
+        return Stop(f"{cfg.max_bad_steps} updates in a row had a non-finite loss or gradient (last: step "
+                    f"{state.step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped")
+    return None
+
+
+def reason(comm, step, signalled, stop):
+    """(the line that ends the run, its exit code) for `stop` at trainer step `step`. After a failed collective or
+    a signal: a rank that died, is stopped or failed (named), else the signal (exit 128 + its number: resumable),
+    else the collective's error. Otherwise the stop's own why."""
+    if stop.error is None and not signalled:
+        return f"error: {stop}", stop.code
+    try:
+        found = diagnose(comm, DIAGNOSE_S if stop.error is not None else 0.0)
+    except Exception:  # the rendezvous store itself is gone: nothing more to learn
+        found = []
+    if found:
+        return f"error: at step {step}: {'; '.join(found)}", 1
+    if signalled:
+        return f"stopped by {signalled[0]} at step {step}", 128 + signal.Signals[signalled[0]]
+    return f"error: the {stop.where} at step {step} failed: {first_line(stop.error)}", 1
+
+
+def say(line):
+    """A line for the user on stderr, at once."""
+    print(line, file=sys.stderr, flush=True)

@@ -1,0 +1,160 @@
+"""The learner: what an ablation edits. One optimizer step on a batch of whole prompts drawn from the replay buffer
+(micro-batches, the loss from losses.py, clipping, a skipped update on a non-finite loss or gradient), the greedy
+probe, and the step's metrics row. Every trainer rank builds one (build); with n_trainers = T > 1 each runs the same
+update on its B / T prompts of the batch, and trainer_group.py averages the gradients (FSDP2 / DDP).
+"""
+import math
+from typing import NamedTuple
+
+import torch
+
+import sync
+import trainer_group
+from losses import beta_at, get_loss, lr_at, masked
+from policy import encode_prompt, load_model, trim_at_eos
+from trainer_group import Command
+
+
+class Update(NamedTuple):
+    """What one optimizer step did."""
+    beta: float  # the scheduled KL coefficient
+    lr: float  # the scheduled learning rate
+    sums: dict  # the loss, its metrics and the mean sequence log-probs, averaged over the batch
+    grad_norm: torch.Tensor  # before clipping
+    finite: bool  # False: the loss or gradient was not finite and the update was skipped
+
+
+def padded(arrays, like):
+    """Per-token numpy arrays -> one zero-padded float32 tensor shaped like `like` (N, L), on its device."""
+    out = torch.zeros_like(like, dtype=torch.float32)
+    for i, a in enumerate(arrays):
+        out[i, : len(a)] = torch.from_numpy(a)
+    return out
+
+
+class Learner:
+    """The policy being trained and what trains it, on one trainer rank. `group` (trainer_group.Group) wraps the
+    model for T > 1 and carries rank 0's commands to ranks 1..T-1; `prompts` are the training prompts' token ids."""
+
+    def __init__(self, cfg, tok, prompts, model, group):
+        self.cfg, self.tok, self.prompts, self.model, self.group = cfg, tok, prompts, model, group
+        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
+                                     weight_decay=cfg.weight_decay)  # after the group wrapped the model (fsdp)
+        self.loss_fn = get_loss(cfg.loss)
+
+    # ------------------------------------------------------------ one optimizer step
+    def micro_batch(self, part, beta):
+        """The loss's input (losses.py documents the keys) for `part`, a list of (group id, Sample) of whole
+        prompts."""
+        samples = [s for _, s in part]
+        logp, mask = self.group.logprobs([self.prompts[s.prompt_id] for s in samples], [s.response for s in samples],
+                                         self.cfg.temperature)
+        return dict(logp=logp.float(), mask=mask, logp_behav=padded([s.logp_behav for s in samples], logp),
+                    logp_ref=padded([s.logp_ref for s in samples], logp), beta=beta,
+                    reward=torch.tensor([s.reward for s in samples], device=logp.device),
+                    group=torch.tensor([g for g, _ in part], device=logp.device))
+
+    def update(self, share, totals, step):
+        """The optimizer step of trainer step `step` on `share`, this rank's whole prompts of the batch (all of it
+        with T = 1). The loss is the mean over the share; FSDP / DDP average the gradients over the ranks' equal
+        shares, so the update is the whole batch's mean (`totals` are the whole batch's counts, for the losses
+        normalised by its tokens). A non-finite loss or gradient skips the update. Every trainer rank runs this."""
+        cfg, opt = self.cfg, self.opt
+        beta = beta_at(step, cfg.beta_start, cfg.beta_end, cfg.beta_decay_steps, cfg.beta_cut_step)
+        lr = lr_at(step, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.stable_steps, cfg.decay_steps, cfg.steps)
+        for param_group in opt.param_groups:
+            param_group["lr"] = lr
+        per_mb = max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K  # whole prompts per micro-batch
+        opt.zero_grad(set_to_none=True)
+        sums = {}  # each micro-batch's values weighted by its share of the samples
+        for start in range(0, len(share), per_mb):
+            part = share[start : start + per_mb]
+            mb = dict(self.micro_batch(part, beta), **totals)
+            loss, metrics = self.loss_fn(mb, cfg)
+            w = len(part) / len(share)
+            (loss * w).backward()
+            seq = {k: masked(mb[k].detach(), mb["mask"]).sum(1).mean().item()
+                   for k in ("logp", "logp_ref", "logp_behav")}
+            for k, v in {"loss": loss.item(), **metrics, **seq}.items():
+                sums[k] = sums.get(k, 0.0) + v * w
+        sums = self.group.average(sums)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.group.model.parameters(),
+                                                   cfg.grad_clip if cfg.grad_clip > 0 else math.inf)
+        grad_norm = self.group.assemble(grad_norm)  # fsdp: the norm over every rank's shard
+        finite = math.isfinite(sums["loss"]) and bool(torch.isfinite(grad_norm))
+        if finite:
+            opt.step()
+        else:  # skipped; max_bad_steps in a row stop the run (failures.stop_reason)
+            opt.zero_grad(set_to_none=True)
+        return Update(beta, lr, sums, grad_norm, finite)
+
+    def train(self, batch, step):
+        """Rank 0: one optimizer step on `batch` (buffer draws, each one prompt's K samples), the ranks 1..T-1 each
+        taking their share. Returns (the (group id, Sample) list trained on, the Update)."""
+        flat = [(gid, s) for gid, draw in enumerate(batch) for s in draw.samples]  # group id: the draw (Eq. 5)
+        totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
+        with self.group.collectives():
+            share = self.group.tell(Command.STEP, (totals, step), self.group.split(flat))
+            done = self.update(share, totals, step)
+        if next(self.model.parameters()).is_cuda:
+            torch.cuda.synchronize()
+        return flat, done
+
+    # ------------------------------------------------------------ the probe (check_sync)
+    @torch.no_grad()
+    def probe(self, weights=None):
+        """The policy's greedy completion of the first training prompt (check_sync: every searcher's engine must give
+        the same), with the model's weights or, for weight_delay, with `weights` ({name: tensor}) loaded for the
+        probe only. Every trainer rank runs this (under fsdp they generate in lock-step)."""
+        model = self.group.start_probe()
+        current = {n: t.detach().clone() for n, t in model.state_dict().items()} if weights is not None else None
+        if weights is not None:
+            model.load_state_dict(weights, strict=False)
+        ids = torch.tensor([self.prompts[0]], device=next(model.parameters()).device)
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=sync.PROBE_TOKENS, pad_token_id=self.tok.pad_token_id,
+                             eos_token_id=self.tok.eos_token_id)
+        if current is not None:
+            model.load_state_dict(current, strict=False)
+        return trim_at_eos(out[0, ids.shape[1]:].tolist(), self.tok.eos_token_id)
+
+    # ------------------------------------------------------------ the step's metrics
+    def metrics(self, batch, flat, done, step, seconds):
+        """The metrics row of trainer step `step`: the loss and its terms, the batch, staleness and speed."""
+        samples = [s for _, s in flat]
+        n = len(samples)
+        tokens = sum(len(self.prompts[s.prompt_id]) + len(s.response) for s in samples)
+        # updates between the (oldest, for a sample that spans an in-flight weight update) sampling weights and these
+        stale = [step - 1 - s.version_first for s in samples]
+        sums = done.sums
+        row = {f"train/{k}": v for k, v in sums.items() if k not in ("logp_ref", "logp_behav")}
+        row.update({"train/skipped": int(not done.finite), "train/beta": done.beta, "train/lr": done.lr,
+                    "train/grad_norm": float(done.grad_norm),
+                    "train/reward_mean": sum(s.reward for s in samples) / n,
+                    "train/accuracy": sum(s.reward >= 1.0 for s in samples) / n,
+                    "train/kl_seq": sums["logp"] - sums["logp_ref"],
+                    "train/logp_behav_minus_logp": sums["logp_behav"] - sums["logp"],
+                    "train/response_len": sum(len(s.response) for s in samples) / n,
+                    "train/recent_fraction": sum(d.recent for d in batch) / len(batch),
+                    "staleness/mean": sum(stale) / n, "staleness/max": max(stale),
+                    "staleness/hist": [stale.count(i) for i in range(max(stale) + 1)],
+                    "staleness/mixed_fraction": sum(s.mixed for s in samples) / n,
+                    "time/train_seconds": seconds, "perf/train_tokens_per_s": tokens / seconds})
+        if self.cfg.peak_tflops:  # forward + backward ~ 6 FLOPs per parameter per token (log-prob recompute ignored)
+            n_params = sum(p.numel() for p in self.model.parameters())
+            row["perf/mfu"] = 6 * n_params * tokens / seconds / (self.cfg.peak_tflops * 1e12)
+        if next(self.model.parameters()).is_cuda:
+            row["perf/peak_memory_gb"] = torch.cuda.max_memory_allocated() / 2**30
+        return row
+
+
+def build(cfg, ctx, store):
+    """Every trainer rank's learner: the policy (from the checkpoint on resume), the trainer group around it, AdamW
+    (with this rank's optimizer state on resume when T > 1; with T = 1 the trainer's checkpoint state has it)."""
+    torch.manual_seed(cfg.seed)
+    prompts = [encode_prompt(ctx.tok, r["prompt"]) for r in ctx.train]
+    model = load_model(ctx.resume or cfg.model, cfg.dtype, ctx.device).train()
+    group = trainer_group.Group(cfg, model, ctx.device, store)  # T > 1: FSDP2 / DDP over ranks 0..T-1
+    learner = Learner(cfg, ctx.tok, prompts, model, group)
+    group.load_optimizer(learner.opt, ctx.resume)
+    return learner
