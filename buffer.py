@@ -2,8 +2,9 @@
 
 Per prompt: samples deduplicated by exact response tokens (the newest copy wins), at most `per_prompt_cap` kept,
 oldest evicted first. A batch is B prompts x K samples. Each prompt draw is, with probability m, "recent": a prompt
-that arrived in the latest sync, with K of its newest samples; otherwise a prompt from everything seen, with K of its
-samples drawn with the probabilities of `weights` (softmax(inv_temp * reward); inv_temp = 0: uniform).
+that arrived since the last train step (in every sync round since then, however many), with K of its samples from
+those rounds; otherwise a prompt from everything seen, with K of its samples drawn with the probabilities of `weights`
+(softmax(inv_temp * reward); inv_temp = 0: uniform).
 
 A new sampling rule for those draws goes in `weights`, switched by one new config field (config.py); a new rule for
 which prompt is drawn goes in `sample`.
@@ -53,9 +54,11 @@ class ReplayBuffer:
         self.m = cfg.m if cfg.asynchronous else 1.0  # synchronous mode trains on exactly the latest sync's samples
         self.rng = np.random.default_rng(cfg.seed)
         self.items = {}  # prompt id -> list[Sample], oldest first
-        self.n_online = {}  # prompt id -> distinct responses of the latest sync that touched it (the recent pool)
-        self.recent = []  # prompt ids that arrived in the latest sync
-        self._recent_left = []  # recent ids not yet drawn since that sync (refilled when empty)
+        self.n_online = {}  # prompt id -> its distinct responses since the last train step (its recent pool)
+        self.recent = []  # prompt ids that arrived since the last train step
+        self._arrived = {}  # prompt id -> the distinct responses that arrived for it since the last train step
+        self._stepped = False  # a train step sampled since the last add: the next add starts a new recent pool
+        self._recent_left = []  # recent ids not yet drawn since the pool changed (refilled when empty)
         self._all_left = []  # seen ids not yet drawn in the current pass over all prompts
         self.size = 0
 
@@ -63,13 +66,16 @@ class ReplayBuffer:
         return self.size
 
     def add(self, samples):
-        """Insert one sync round's trajectories. Returns the number of new (non-duplicate) samples."""
+        """Insert one sync round's trajectories; they join the recent pool of the rounds since the last train step.
+        Returns the number of new (non-duplicate) samples."""
         if not samples:
             return 0
-        touched, new = {}, 0  # prompt id -> the distinct responses this round brought for it
+        if self._stepped:
+            self._arrived, self._stepped = {}, False
+        new = 0
         for s in samples:
             items = self.items.setdefault(s.prompt_id, [])
-            touched.setdefault(s.prompt_id, set()).add(s.response)
+            self._arrived.setdefault(s.prompt_id, set()).add(s.response)
             dup = next((i for i, old in enumerate(items) if old.response == s.response), None)
             if dup is None:
                 new += 1
@@ -81,9 +87,9 @@ class ReplayBuffer:
             if len(items) > self.cap:
                 items.pop(0)  # oldest first
                 self.size -= 1
-        for pid, responses in touched.items():  # dedup moved every repeat to the end: the newest items are exactly
-            self.n_online[pid] = min(len(responses), len(self.items[pid]))  # this round's distinct responses
-        self.recent = list(touched)
+        for pid, responses in self._arrived.items():  # dedup moved every repeat to the end: the newest items are
+            self.n_online[pid] = min(len(responses), len(self.items[pid]))  # exactly those since the last step
+        self.recent = list(self._arrived)
         self._recent_left = []
         return new
 
@@ -104,7 +110,8 @@ class ReplayBuffer:
         return np.exp(logits) / np.exp(logits).sum()
 
     def sample(self, B, K):
-        """B prompts x K samples: a list of B Draws."""
+        """B prompts x K samples (a train step): a list of B Draws."""
+        self._stepped = True
         batch = []
         for _ in range(B):
             if self.recent and self.rng.random() < self.m:
@@ -118,8 +125,8 @@ class ReplayBuffer:
         return batch
 
     def state_dict(self):
-        return {k: getattr(self, k) for k in ("items", "n_online", "recent", "_recent_left", "_all_left", "size")} | {
-            "rng": self.rng.bit_generator.state}
+        keys = ("items", "n_online", "recent", "_arrived", "_stepped", "_recent_left", "_all_left", "size")
+        return {k: getattr(self, k) for k in keys} | {"rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state):
         """Copies the containers, so the buffer that gave `state` can go on without changing this one."""
@@ -127,4 +134,7 @@ class ReplayBuffer:
         self.n_online, self.size = dict(state["n_online"]), state["size"]
         self.recent, self._recent_left, self._all_left = (list(state[k])
                                                           for k in ("recent", "_recent_left", "_all_left"))
+        # a checkpoint written before the pool spanned rounds: its recent pool is its latest round's
+        self._arrived = {pid: set(r) for pid, r in state.get("_arrived", {}).items()}
+        self._stepped = state.get("_stepped", True)
         self.rng.bit_generator.state = state["rng"]

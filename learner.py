@@ -136,6 +136,7 @@ class Learner:
                     "train/logp_behav_minus_logp": sums["logp_behav"] - sums["logp"],
                     "train/response_len": sum(len(s.response) for s in samples) / n,
                     "train/recent_fraction": sum(d.recent for d in batch) / len(batch),
+                    "train/distinct_prompts": len({d.prompt_id for d in batch}),
                     "staleness/mean": sum(stale) / n, "staleness/max": max(stale),
                     "staleness/hist": [stale.count(i) for i in range(max(stale) + 1)],
                     "staleness/mixed_fraction": sum(s.mixed for s in samples) / n,

@@ -31,9 +31,15 @@ def test_cap_evicts_oldest_first():
     assert len(b) == 3
 
 
+def train_step(b):
+    """What a train step does to the buffer's recent pool: it samples."""
+    b.sample(1, 1)
+
+
 def test_recent_draws_come_from_latest_sync_with_rate_m():
     b = buf(cap=100, m=0.8, inv_temp=0.0, seed=0)
     b.add([s(p, [p, i]) for p in range(20) for i in range(4)])  # old sync: prompts 0..19
+    train_step(b)
     b.add([s(p, [p, i]) for p in range(20, 25) for i in range(4)])  # latest sync: prompts 20..24
     n, recent = 0, 0
     for _ in range(500):
@@ -50,6 +56,7 @@ def test_recent_draws_come_from_latest_sync_with_rate_m():
 def test_recent_draw_takes_the_newest_samples():
     b = buf(cap=100, m=1.0, inv_temp=0.0, seed=0)
     b.add([s(0, [i], version=0) for i in range(10)])
+    train_step(b)
     b.add([s(0, [100 + i], version=2) for i in range(3)])
     for _, picks, _ in b.sample(5, 3):
         assert all(x.version == 2 for x in picks)
@@ -94,10 +101,26 @@ def test_with_replacement_only_when_too_few():
 def test_sample_returns_named_draws_and_sync_mode_draws_only_the_latest_sync():
     b = ReplayBuffer(Config(m=0.0, asynchronous=False, seed=0))  # synchronous mode: m is 1 whatever the config says
     b.add([s(0, [i], version=0) for i in range(4)])
+    train_step(b)
     b.add([s(1, [i], version=1) for i in range(4)])
     for draw in b.sample(3, 4):
         assert isinstance(draw, Draw) and draw.recent and draw.prompt_id == 1
         assert [x.version for x in draw.samples] == [1] * 4
+
+
+def test_recent_means_every_round_since_the_last_train_step():
+    """max_reuse waits: several rounds arrive between two train steps, the last often small. The recent pool is all
+    of them (an 8-prompt round then a 2-prompt round: 10 prompts to draw from), not the last round alone (2)."""
+    b = buf(cap=100, m=1.0, inv_temp=0.0, seed=0)
+    b.add([s(p, [p, i], version=1) for p in range(8) for i in range(8)])
+    b.add([s(p, [p, i], version=2) for p in range(8, 10) for i in range(8)])
+    batch = b.sample(8, 8)
+    assert len({d.prompt_id for d in batch}) == 8 and sorted(b.recent) == list(range(10))
+    # the pool counts each prompt's responses since the step: a prompt in both rounds keeps both rounds' samples
+    b.add([s(0, [0, 100 + i], version=3) for i in range(2)])  # a new pool: the train step above sampled
+    b.add([s(0, [0, 200 + i], version=4) for i in range(3)])
+    assert b.recent == [0] and b.n_online[0] == 5
+    assert {x.version for d in b.sample(4, 5) for x in d.samples} == {3, 4}
 
 
 def test_weights_is_the_softmax_of_reward():
@@ -111,6 +134,7 @@ def test_recent_draws_never_reach_back_into_an_earlier_visit_when_a_round_has_du
     # those 3 (counting all 8 reached back into 5 old ones), as the reference's n_online counts distinct new items
     b = buf(cap=100, m=1.0, inv_temp=0.0)
     b.add([s(0, [i], version=0) for i in range(10)])
+    train_step(b)
     b.add([s(0, [100 + i % 3], version=2) for i in range(8)])
     assert b.n_online[0] == 3
     for _ in range(50):
