@@ -99,14 +99,19 @@ class ReplayBuffer:
         return left.pop()
 
     def _pick(self, n_from, k, p=None):
-        replace = n_from < k
+        replace = (n_from if p is None else np.count_nonzero(p)) < k  # with replacement only when too few to pick
         return self.rng.choice(n_from, size=k, replace=replace, p=p)
 
     def weights(self, samples):
         """Probabilities of one prompt's samples for a draw that is not recent: softmax(inv_temp * reward) (paper
-        section 3.2: "Softmax of Score" for TL;DR, inv_temp = 1; uniform for GSM8K, inv_temp = 0)."""
+        section 3.2: "Softmax of Score" for TL;DR, inv_temp = 1; uniform for GSM8K, inv_temp = 0). A sample whose
+        reward is not finite (a task's bug) gets 0 while the prompt has others; all of them: uniform."""
         rewards = np.array([s.reward for s in samples], dtype=np.float64)
-        logits = self.cfg.inv_temp * (rewards - rewards.max())
+        finite = np.isfinite(rewards)
+        if not finite.any():
+            return np.full(len(rewards), 1.0 / len(rewards))
+        logits = np.full(len(rewards), -np.inf)
+        logits[finite] = self.cfg.inv_temp * (rewards[finite] - rewards[finite].max())
         return np.exp(logits) / np.exp(logits).sum()
 
     def sample(self, B, K):

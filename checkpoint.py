@@ -8,16 +8,19 @@
         ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0; searchers read it)
         optimizer_rank{r}.pt  n_trainers > 1: each trainer rank's own optimizer state (fsdp: its shard), in place of
                             trainer_state.pth's; a resume needs the same n_trainers and trainer_parallel (meta.json)
-        meta.json           {"step": N, "weight_delay": D, with n_trainers > 1 n_trainers and trainer_parallel},
-                            written last
+        meta.json           {"step": N, "weight_delay": D, with n_trainers > 1 n_trainers and trainer_parallel,
+                            "files": {name: bytes} of every other file}, written last
 
-A checkpoint is written into NAME.tmp/ and renamed to NAME when complete, so a crash in the middle of a save leaves
-every earlier checkpoint intact; `latest` only considers directories with meta.json and never *.tmp.
+A checkpoint is written into NAME.tmp/, every file flushed to disk (fsync), and renamed to NAME when complete, so a
+crash in the middle of a save leaves every earlier checkpoint intact. `latest` takes the newest checkpoint whose files
+all have the sizes meta.json lists (a node crash can leave a renamed folder with a torn file) and says which it
+skipped; `prune` also removes the *.tmp folders of saves that never finished.
 """
 import json
 import os
 import re
 import shutil
+import sys
 
 import torch
 
@@ -44,10 +47,39 @@ def save(path, model, tok, state, shards=None):
     torch.save(places, os.path.join(tmp, "searchers.pth"))
     if ref_weights is not None:
         torch.save(ref_weights, os.path.join(tmp, "ref.pth"))
+    files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
     with open(os.path.join(tmp, "meta.json"), "w") as f:
-        json.dump({"step": state["step"], **state.get("meta", {})}, f)
+        json.dump({"step": state["step"], **state.get("meta", {}), "files": files}, f)
+    for name in os.listdir(tmp):
+        sync_to_disk(os.path.join(tmp, name))
+    sync_to_disk(tmp)
     shutil.rmtree(path, ignore_errors=True)  # re-saving the same step (a resumed run): the old copy goes last
     os.replace(tmp, path)
+    sync_to_disk(os.path.dirname(path) or ".")  # the rename itself
+
+
+def sync_to_disk(path):
+    """fsync a file or a directory (its entries), so what it holds survives a crash of the machine."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def torn(path):
+    """Why the checkpoint at `path` cannot be used (a missing meta.json, a file missing or of another size than
+    meta.json lists), or None when it is complete. Checkpoints whose meta.json lists no files are taken as they are."""
+    found = meta(path)
+    if not found:
+        return "no meta.json"
+    for name, size in found.get("files", {}).items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            return f"{name} is missing"
+        if os.path.getsize(file) != size:
+            return f"{name} has {os.path.getsize(file)} of {size} bytes"
+    return None
 
 
 def meta(path):
@@ -66,18 +98,28 @@ def step_of(path):
     return meta(path).get("step")
 
 
-def latest(ckpt_dir):
-    """The newest complete checkpoint under ckpt_dir (highest step; final/ wins a tie), or None."""
+def latest(ckpt_dir, warn=False):
+    """The newest complete checkpoint under ckpt_dir (highest step; final/ wins a tie), or None. A newer one that is
+    torn is skipped (`warn`: with a warning line naming it)."""
     if not os.path.isdir(ckpt_dir):
         return None
     found = [(step_of(p), name == "final", p) for name in os.listdir(ckpt_dir)
              if not name.endswith(".tmp") for p in [os.path.join(ckpt_dir, name)]]
-    found = [f for f in found if f[0] is not None]
-    return max(found)[2] if found else None
+    for _, _, path in sorted((f for f in found if f[0] is not None), reverse=True):
+        why = torn(path)
+        if why is None:
+            return path
+        if warn:
+            print(f"warning: skipping the torn checkpoint {path} ({why})", file=sys.stderr, flush=True)
+    return None
 
 
 def prune(ckpt_dir, keep):
-    """Delete all but the newest `keep` step_N checkpoints (final/ is never deleted; keep 0 = keep all)."""
+    """Delete the *.tmp folders of saves that never finished, and all but the newest `keep` step_N checkpoints
+    (final/ is never deleted; keep 0 = keep all). Called by the one job that writes into ckpt_dir, after its save."""
+    for name in os.listdir(ckpt_dir):
+        if name.endswith(".tmp"):
+            shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
     if keep <= 0:
         return
     steps = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir) for m in [STEP_DIR.match(name)] if m)
@@ -110,7 +152,7 @@ def clear_run(out_dir):
         if name in ("tb", "checkpoints") and os.path.isdir(path):
             shutil.rmtree(path)
         elif name in ("config.yaml", "metrics.jsonl", "summary.json", "sync_probe.jsonl") or re.fullmatch(
-                r"eval_step\d+\.jsonl", name):
+                r"eval_step\d+\.jsonl|metrics\.lost\.\d+\.jsonl", name):
             os.remove(path)
 
 

@@ -2,22 +2,30 @@
 the same names in both), the wall-clock and CPU timers, and summary.json at the end."""
 import json
 import os
+import sys
 import time
 
 
 class Logger:
     """metrics.jsonl (one object per trainer step) + tensorboard scalars under the same names. Resuming from step N
-    keeps the rows and events up to N and appends after them."""
+    keeps the rows and events up to N and appends after them (a row torn by a crash is dropped). A run that starts
+    at step 0 where a log exists (resume=auto found no checkpoint) keeps that log as metrics.lost.K.jsonl."""
 
     def __init__(self, out_dir, resume_step=0):
         from torch.utils.tensorboard import SummaryWriter
         path = os.path.join(out_dir, "metrics.jsonl")
         if resume_step and os.path.isfile(path):  # drop rows logged after the checkpoint (they will be redone)
             with open(path) as f:
-                keep = [line for line in f if line.strip() and json.loads(line)["step"] <= resume_step]
+                keep = [line for line in f if (row := parse(line)) is not None and row["step"] <= resume_step]
             with open(path + ".tmp", "w") as f:
-                f.writelines(keep)
+                f.writelines(line if line.endswith("\n") else line + "\n" for line in keep)
             os.replace(path + ".tmp", path)
+        elif os.path.isfile(path) and os.path.getsize(path):
+            lost = next(p for k in range(1, 10**6) if not os.path.exists(
+                p := os.path.join(out_dir, f"metrics.lost.{k}.jsonl")))
+            os.replace(path, lost)
+            print(f"warning: no checkpoint to resume from: starting at step 0; the earlier log is kept as {lost}",
+                  file=sys.stderr, flush=True)
         self.tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=resume_step + 1 if resume_step else None)
         self.file = open(path, "a" if resume_step else "w")
         self.last_step = resume_step  # the last step with a row
@@ -33,6 +41,24 @@ class Logger:
     def close(self):
         self.tb.close()
         self.file.close()
+
+
+def joined(*rows):
+    """One metrics row from a step's parts; sync/seconds adds up a round's gather and push."""
+    out = {}
+    for row in rows:
+        for k, v in row.items():
+            out[k] = out[k] + v if k == "sync/seconds" and k in out else v
+    return out
+
+
+def parse(line):
+    """One metrics.jsonl row, or None for a blank or torn line."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    return row if isinstance(row, dict) and "step" in row else None
 
 
 class Timers:

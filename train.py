@@ -112,10 +112,11 @@ def find_resume(cfg):
     """The checkpoint dir to continue from (resume=auto: the newest complete one in out_dir, None if there is none)."""
     if not cfg.resume:
         return None
-    path = checkpoint.latest(os.path.join(cfg.out_dir, "checkpoints")) if cfg.resume == "auto" else cfg.resume
+    warn = os.environ.get("RANK") == "0"  # the job's rank 0 says which torn checkpoint it skipped
+    path = checkpoint.latest(os.path.join(cfg.out_dir, "checkpoints"), warn) if cfg.resume == "auto" else cfg.resume
     step = checkpoint.step_of(path) if path else None
-    if path and step is None:
-        raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint (no meta.json)")
+    if path and checkpoint.torn(path):
+        raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint ({checkpoint.torn(path)})")
     if step is not None and step >= cfg.steps:
         raise ConfigError(f"resume: {path} is at step {step} and steps={cfg.steps}; raise steps to continue")
     written = checkpoint.meta(path).get("weight_delay", 0) if path else cfg.weight_delay

@@ -157,22 +157,23 @@ def push(cfg, comm, transport, state, learner, step, flags):
     return row
 
 
-def joined(*rows):
-    """One metrics row from a step's parts; sync/seconds adds up a round's gather and push."""
-    out = {}
-    for row in rows:
-        for k, v in row.items():
-            out[k] = out[k] + v if k == "sync/seconds" and k in out else v
-    return out
-
-
-def wait_for_fresh(cfg, comm, state):
+def wait_for_fresh(cfg, comm, state, signalled):
     """max_reuse, async mode: before a step, sync rounds without weights until the next B x K samples keep the samples
     trained on within max_reuse x those generated (0: never wait; synchronous mode trains on each round's data as it
-    is). Returns the step's waiting metrics."""
+    is). A signal stops the wait (and the run); past time_budget_min the step goes on without; rounds that bring no
+    sample for timeout_s stop the run. Returns the step's waiting metrics."""
     t0, rounds = time.perf_counter(), 0
+    last_sample = t0
     while cfg.asynchronous and cfg.max_reuse and state.trained + cfg.B * cfg.K > cfg.max_reuse * state.generated:
-        gather(comm, state, state.step, Flag.NONE)
+        if signalled:
+            raise failures.stop_reason(cfg, state, signalled, {})
+        if cfg.time_budget_min and state.timers.elapsed() / 60 > cfg.time_budget_min:
+            break
+        if gather(comm, state, state.step, Flag.NONE)["sync/samples"]:
+            last_sample = time.perf_counter()
+        elif time.perf_counter() - last_sample > cfg.timeout_s:
+            raise Stop(f"the searchers sent no sample for timeout_s = {cfg.timeout_s} s while max_reuse = "
+                       f"{cfg.max_reuse} waited for fresh ones")
         rounds += 1
     return {"sync/reuse_wait_rounds": rounds, "time/reuse_wait_seconds": time.perf_counter() - t0}
 
@@ -180,22 +181,22 @@ def wait_for_fresh(cfg, comm, state):
 # ---------------------------------------------------------------- the run
 
 
-def one_step(cfg, comm, transport, state, learner, step):
+def one_step(cfg, comm, transport, state, learner, step, signalled):
     """Trainer step `step` with its sync round when one is due. Returns (its metrics row, whether it is the last)."""
     t0 = time.perf_counter()
-    waited = wait_for_fresh(cfg, comm, state)
+    waited = wait_for_fresh(cfg, comm, state, signalled)
     last = step == cfg.steps or bool(cfg.time_budget_min and state.timers.elapsed() / 60 > cfg.time_budget_min)
     evaluate = last or bool(cfg.eval_every and step % cfg.eval_every == 0)
     flags = sync.flags_for(cfg, step, state.ref_version, evaluate=evaluate, stop=last)
     if not cfg.asynchronous:  # exactly the data of the current weights, then the new weights out
-        row = joined(gather(comm, state, step, flags), train_step(cfg, state, learner, step))
-        row = joined(row, push(cfg, comm, transport, state, learner, step, flags))
+        row = runlog.joined(gather(comm, state, step, flags), train_step(cfg, state, learner, step))
+        row = runlog.joined(row, push(cfg, comm, transport, state, learner, step, flags))
     elif step % cfg.k == 0 or evaluate:
         # announced before this step trains, so the searchers finish their generation chunks meanwhile and
         # wait in the gather when it is done
         sync.announce(comm, step, flags)
-        row = joined(train_step(cfg, state, learner, step), gather(comm, state, step, flags, announced=True))
-        row = joined(row, push(cfg, comm, transport, state, learner, step, flags))
+        row = runlog.joined(train_step(cfg, state, learner, step), gather(comm, state, step, flags, announced=True))
+        row = runlog.joined(row, push(cfg, comm, transport, state, learner, step, flags))
     else:
         row = train_step(cfg, state, learner, step)
     seconds = time.perf_counter() - t0
@@ -242,7 +243,7 @@ def run(cfg, comm, ctx):
     try:
         # start: the checkpoint's weights to the searchers (they wait for them), or the start-of-run evaluation
         flags = sync.flags_for(cfg, start, state.ref_version) if ctx.resume else Flag.EVAL
-        row = joined(gather(comm, state, start, flags), push(cfg, comm, transport, state, learner, start, flags))
+        row = runlog.joined(gather(comm, state, start, flags), push(cfg, comm, transport, state, learner, start, flags))
         if not ctx.resume:
             state.eval_start = dict(state.last_eval)
             log.log(0, row)
@@ -253,7 +254,7 @@ def run(cfg, comm, ctx):
         pbar = tqdm(range(start + 1, cfg.steps + 1), initial=start, total=cfg.steps, disable=not cfg.progress,
                     desc="train", dynamic_ncols=True)
         for step in pbar:
-            row, last = one_step(cfg, comm, transport, state, learner, step)
+            row, last = one_step(cfg, comm, transport, state, learner, step, signalled)
             log.log(step, row)
             pbar.set_postfix(loss=f"{row['train/loss']:.3g}", reward=f"{row['train/reward_mean']:.2f}",
                              acc=f"{state.last_eval.get('accuracy', float('nan')):.3f}")

@@ -123,6 +123,20 @@ def test_recent_means_every_round_since_the_last_train_step():
     assert {x.version for d in b.sample(4, 5) for x in d.samples} == {3, 4}
 
 
+@pytest.mark.parametrize("inv_temp", [0.0, 1.0, 1000.0])
+def test_non_finite_rewards_are_never_drawn_by_weight_and_never_crash_a_draw(inv_temp):
+    b = buf(cap=100, m=0.0, inv_temp=inv_temp, seed=0)
+    rewards = [1.0, float("nan"), 0.0, float("inf"), 0.5, -float("inf")]
+    b.add([s(0, [i], reward=r) for i, r in enumerate(rewards)])
+    b.add([s(1, [i], reward=float("nan")) for i in range(3)])  # nothing finite: uniform
+    for _ in range(100):
+        for draw in b.sample(2, 3):
+            if draw.prompt_id == 0:  # three finite samples for K = 3 (1000: two weigh 0 and are drawn again)
+                assert all(np.isfinite(x.reward) for x in draw.samples)
+    assert b.weights(b.items[1]).tolist() == pytest.approx([1 / 3] * 3)
+    assert np.isfinite(b.weights(b.items[0])).all() and b.weights(b.items[0])[[1, 3, 5]].sum() == 0
+
+
 def test_weights_is_the_softmax_of_reward():
     b = buf(cap=100, m=0.0, inv_temp=2.0)
     w = b.weights([s(0, [1], reward=1.0), s(0, [2], reward=0.0)])

@@ -10,8 +10,8 @@ import random
 import numpy as np
 import pytest
 import torch
-
 from conftest import ROOT, TINY, task_run
+
 from config import Config
 from policy import load_tokenizer
 from rewards import DataError, arith, hf, redteam

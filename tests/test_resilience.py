@@ -6,12 +6,21 @@ import socket
 import subprocess
 import sys
 import time
+import types
 
 import pytest
 import torch
 
 import checkpoint
+import runlog
+import sync
+import train
+import trainer
+from buffer import ReplayBuffer
+from config import Config, ConfigError
 from conftest import ROOT, read_run, start, torchrun
+from failures import Stop
+from policy import load_model, load_tokenizer
 
 HF_SYNC = ["engine=hf", "async=false", "n_test=40"]  # HF sampling is replayed exactly after a resume
 NAN_TASK = f"task={os.path.join(ROOT, 'tests', 'tasks', 'nan_reward.py')}"
@@ -167,6 +176,52 @@ def test_non_finite_reward_skips_that_update_and_the_run_goes_on(tiny_model, tmp
     assert summary["skipped_updates"] == 1 and summary["steps"] == 4
 
 
+def test_non_finite_rewards_in_asynchronous_mode_never_crash_a_draw(tiny_model, tmp_path):
+    """The default mode draws most samples by weights over everything seen (m = 0 here: all of them): NaN rewards
+    for the first 16 rewards of each searcher stay in the buffer with weight 0 beside finite ones (a prompt with
+    nothing finite is drawn uniformly: its update is skipped), and the run ends normally."""
+    rows, summary = torchrun(["engine=hf", NAN_TASK, "m=0.0", "steps=6", "n_test=8", "time_budget_min=0",
+                              "max_bad_steps=100"], str(tmp_path / "run"), env={"NAN_CALLS": "16"})
+    assert summary["steps"] == 6 and [r["step"] for r in rows] == list(range(7))
+
+
+class SilentSearchers:
+    """comm for rank 0 with searchers that join every round and send nothing."""
+    rank, world, rounds = 0, 3, 0
+
+    def announce(self, step, flags):
+        self.rounds += 1
+
+    def ready(self):
+        pass
+
+    def gather_object(self, obj):
+        time.sleep(0.01)
+        return [None] + [sync.Report([], 0, 0.0, 0, None)] * 2
+
+
+def waiting_state():
+    return types.SimpleNamespace(buffer=ReplayBuffer(Config()), trained=64, generated=32, step=5, places={},
+                                 timers=runlog.Timers(), bad_in_a_row=0)
+
+
+def test_waiting_for_fresh_samples_ends_on_silence_a_signal_or_the_time_budget():
+    """max_reuse waits in rounds that gather only: searchers that send nothing stop the run after timeout_s (not a
+    loop forever), a signal stops the wait at once, and past time_budget_min the step goes on without."""
+    cfg = Config(max_reuse=2, timeout_s=1)
+    comm, t0 = SilentSearchers(), time.perf_counter()
+    with pytest.raises(Stop, match="sent no sample for timeout_s = 1 s"):
+        trainer.wait_for_fresh(cfg, comm, waiting_state(), [])
+    assert 1 <= time.perf_counter() - t0 < 10 and comm.rounds > 10
+    with pytest.raises(Stop) as e:
+        trainer.wait_for_fresh(cfg, SilentSearchers(), waiting_state(), ["SIGTERM"])
+    assert e.value.code == 128 + signal.SIGTERM
+    state = waiting_state()
+    state.timers.t_start -= 120  # two minutes into a run with a one-minute budget
+    assert trainer.wait_for_fresh(Config(max_reuse=2, time_budget_min=1), SilentSearchers(), state, [])[
+        "sync/reuse_wait_rounds"] == 0
+
+
 def test_only_non_finite_updates_stop_the_run_with_a_usable_checkpoint(tiny_model, tmp_path):
     out = str(tmp_path / "run")
     job = start(HF_SYNC + [NAN_TASK, "steps=50", "max_bad_steps=3"], out)
@@ -237,8 +292,48 @@ def test_prune_keeps_the_newest_and_final(tmp_path):
         if not name.endswith(".tmp"):
             (tmp_path / name / "meta.json").write_text(json.dumps({"step": 12 if name == "final" else int(name[5:])}))
     checkpoint.prune(str(tmp_path), 2)
-    assert sorted(os.listdir(tmp_path)) == ["final", "step_10", "step_12.tmp", "step_4"]
+    assert sorted(os.listdir(tmp_path)) == ["final", "step_10", "step_4"]  # a save that never finished goes too
     assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "final")
+
+
+def test_a_torn_checkpoint_is_skipped_for_the_previous_complete_one(tiny_model, tmp_path, capsys):
+    """A node crash after the rename can leave a checkpoint with a torn file: latest() checks every file's size
+    against meta.json and falls back to the previous complete checkpoint, saying so; resume= of it is refused."""
+    model, tok = load_model(tiny_model, "float32", "cpu"), load_tokenizer(tiny_model)
+    for step in (1, 2):
+        checkpoint.save(str(tmp_path / f"step_{step}"), model, tok, dict(step=step, places={}, ref_weights=None))
+    assert set(checkpoint.meta(str(tmp_path / "step_2"))["files"]) >= {"model.safetensors", "trainer_state.pth"}
+    assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "step_2") and checkpoint.torn(str(tmp_path / "step_2")) \
+        is None
+    weights = tmp_path / "step_2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert checkpoint.latest(str(tmp_path), warn=True) == str(tmp_path / "step_1")
+    assert "skipping the torn checkpoint" in capsys.readouterr().err
+    assert "model.safetensors has" in checkpoint.torn(str(tmp_path / "step_2"))
+    cfg = Config(out_dir=str(tmp_path / "run"), resume=str(tmp_path / "step_2"), steps=10)
+    with pytest.raises(ConfigError, match="not a complete checkpoint .model.safetensors has"):
+        train.find_resume(cfg)
+    os.remove(tmp_path / "step_1" / "searchers.pth")
+    assert checkpoint.latest(str(tmp_path)) is None
+
+
+def test_the_log_survives_a_torn_row_and_a_restart_without_a_checkpoint(tmp_path, capsys):
+    """A crash mid-write leaves a torn last row: a resume drops it (and the rows after the checkpoint). A restart that
+    finds no checkpoint (killed before the first save) starts at step 0 and keeps the earlier log beside it."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": i, "train/loss": 1.0}) + "\n" for i in range(4)) + '{"step": 4, "tr')
+    log = runlog.Logger(str(tmp_path), resume_step=2)
+    log.log(3, {"train/loss": 2.0})
+    log.close()
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+    before = path.read_text()
+    log = runlog.Logger(str(tmp_path), resume_step=0)
+    log.log(0, {"eval/accuracy": 0.5})
+    log.close()
+    assert (tmp_path / "metrics.lost.1.jsonl").read_text() == before and len(path.read_text().splitlines()) == 1
+    assert "the earlier log is kept as" in capsys.readouterr().err
+    checkpoint.clear_run(str(tmp_path))  # overwrite=true deletes the kept log with the rest
+    assert not any(name.startswith("metrics") for name in os.listdir(tmp_path))
 
 
 def test_a_run_never_writes_over_another_run(tiny_model, tmp_path):

@@ -8,9 +8,9 @@ import pytest
 
 import sync
 from config import Config
+from eval import merge_evals
 from failures import Stop
 from sync import Flag
-from eval import merge_evals
 
 
 class Recorder:

@@ -26,8 +26,8 @@ from config import load_config
 from conftest import ROOT, TINY, read_run, start, torchrun
 from learner import Learner
 from policy import load_model, load_tokenizer, token_logprobs
-from trainer_group import Command
 from test_resilience import kill_rank_1, leftovers, stop_with
+from trainer_group import Command
 
 SYNC = ["engine=hf", "async=false", "n_test=4", "lr=3e-3"]  # HF sampling with fixed seeds: the same batches
 
