@@ -9,6 +9,7 @@ search (searcher.py); N = n_trainers + n_searchers.
 """
 import datetime
 import os
+import socket
 import subprocess
 import sys
 
@@ -123,7 +124,13 @@ def find_resume(cfg):
     if written != cfg.weight_delay:  # its kept weight versions are those of its own delay
         raise ConfigError(f"resume: {path} was written with weight_delay={written}; resume with that, not "
                           f"weight_delay={cfg.weight_delay}")
-    found = checkpoint.meta(path) if path else {}  # n_trainers > 1: one optimizer file per trainer rank, its layout
+    found = checkpoint.meta(path) if path else {}
+    for key, value in found.get("buffer_keys", {}).items():  # its buffer: prompt ids and samples of that data
+        if getattr(cfg, key) != value:
+            raise ConfigError(f"resume: {path} was written with {key}={value}, and its replay buffer holds that run's "
+                              f"prompts and samples; resume with {key}={value}, not {getattr(cfg, key)}, or start "
+                              "another out_dir")
+    # n_trainers > 1: one optimizer file per trainer rank, its layout
     written = f"n_trainers={found.get('n_trainers', 1)}"
     if "trainer_parallel" in found:
         written += f" trainer_parallel={found['trainer_parallel']}"
@@ -171,8 +178,35 @@ def prepare(cfg):
         engine = engine_name(cfg.engine)
         gpu_bytes = torch.cuda.get_device_properties(0).total_memory  # the node's GPUs taken as alike
         print(plan.prepare_check(cfg, ctx.gpu_mode, len(GPUS), gpu_bytes, longest, engine), file=sys.stderr)
-    claim_out_dir(cfg, clear=False)  # last: what is wrong with the config itself comes first
+    lock_out_dir(cfg, hold=False)  # last: what is wrong with the config itself comes first
+    claim_out_dir(cfg, clear=False)
     print(cfg.n_trainers + cfg.n_searchers)
+
+
+_held = []  # rank 0: the open lock file of its out_dir, held until the process ends
+
+
+def lock_out_dir(cfg, hold):
+    """One job per out_dir: an exclusive lock on out_dir/.lock (fcntl.flock), taken by rank 0 for the whole run
+    (`hold`) and tried by --prepare. A second job there (a requeued Slurm job beside the old one, two sweeps) is
+    refused with ConfigError naming the job that holds it."""
+    import fcntl
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    f = open(os.path.join(cfg.out_dir, ".lock"), "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise ConfigError(f"out_dir {cfg.out_dir} is in use by another job ({holder}): wait for it to end or choose "
+                          "another out_dir") from None
+    if not hold:
+        return f.close()
+    f.truncate(0)
+    f.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+    f.flush()
+    _held.append(f)
 
 
 def claim_out_dir(cfg, clear):
@@ -217,6 +251,7 @@ def main():
         if prep:
             return prepare(cfg)
         if rank == 0:  # the trainer's job: the searchers write nothing into out_dir
+            lock_out_dir(cfg, hold=True)
             claim_out_dir(cfg, clear=True)
         world, ranks = int(os.environ.get("WORLD_SIZE", 1)), cfg.n_trainers + cfg.n_searchers
         if world != ranks:

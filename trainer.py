@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 import torch
 import yaml
@@ -29,6 +30,9 @@ from learner import build as build_learner
 from sync import Flag
 
 
+BUFFER_KEYS = ("task", "train_data", "n_train", "model", "K", "S")  # what the buffered samples were made with
+
+
 class TrainerState:
     """Everything a checkpoint restores besides the weights (saved in HF format): save and resume both go through
     state_dict / load_state_dict."""
@@ -44,7 +48,8 @@ class TrainerState:
         self.generated = self.trained = 0  # samples gathered from the searchers / trained on, over the whole run
         self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
         self.timers = runlog.Timers()
-        self.meta = {"weight_delay": cfg.weight_delay}  # in the checkpoint's meta.json: a resume must match it
+        # in the checkpoint's meta.json: a resume must match them (the buffer holds this data's prompt ids and samples)
+        self.meta = {"weight_delay": cfg.weight_delay, "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
         if self.group.size > 1:  # the optimizer state is in one file per trainer rank, for the same T and parallelism
             self.meta.update(n_trainers=self.group.size, trainer_parallel=self.group.parallel)
 
@@ -267,6 +272,12 @@ def run(cfg, comm, ctx):
                 break
     except Stop as stop:
         end_stopped(cfg, comm, transport, state, ctx.tok, log, stop, start, signalled, row)
+    except Exception as e:  # a bug, a bad sample, an OOM, a full disk: one line, the traceback in a file, a checkpoint
+        path = os.path.join(cfg.out_dir, "error.txt")
+        with open(path, "w") as f:
+            f.write(traceback.format_exc())
+        stop = Stop(f"step {state.step + 1} failed: {type(e).__name__}: {failures.first_line(e)} (traceback: {path})")
+        end_stopped(cfg, comm, transport, state, ctx.tok, log, stop, start, signalled, row)
     transport.close()
     save(cfg, state, ctx.tok, "final")
     state.group.close()
@@ -286,7 +297,10 @@ def end_stopped(cfg, comm, transport, state, tok, log, stop, start, signalled, r
     if state.step <= start:
         saved = "no new step to save"
     elif every_rank:
-        saved = f"checkpoint {save(cfg, state, tok)}"
+        try:
+            saved = f"checkpoint {save(cfg, state, tok)}"
+        except Exception as e:  # a full disk, a trainer rank gone mid-save
+            saved = f"no checkpoint: saving failed ({type(e).__name__}: {failures.first_line(e)})"
     else:
         saved = "no checkpoint: a trainer rank is gone (resume=auto takes the last one saved)"
     state.group.close(stop=every_rank)

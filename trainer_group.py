@@ -108,7 +108,10 @@ class Group:
             return
         self.root, self.store = store, dist.PrefixStore("trainers", store)
         self.store.set(f"pid/{self.rank}", f"{socket.gethostname()}:{os.getpid()}")  # for failures.diagnose
-        # gloo for CPU tensors (commands, metrics, barriers), NCCL for the model's on GPUs
+        # gloo for CPU tensors (commands, metrics, barriers), NCCL for the model's on GPUs. NCCL reads its error
+        # handling when the group is built: 2 aborts the communicator on a failure and raises it in the waiting thread
+        # (the default, 3, ends the process before rank 0 can name the dead rank), as transport.new_nccl_group does
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")
         backend = "cpu:gloo,cuda:nccl" if device == "cuda" else "gloo"
         dist.init_process_group(backend, store=dist.PrefixStore("pg", self.store), rank=self.rank,
                                 world_size=self.size, timeout=datetime.timedelta(seconds=cfg.timeout_s))
@@ -172,6 +175,9 @@ class Group:
                 raise
             self.failed = True  # no checkpoint can be assembled any more
             raise Stop(where="trainer group", error=e) from None
+        except Exception:  # rank 0 failed mid-command: ranks 1..T-1 may wait in its collectives
+            self.failed = self.size > 1
+            raise
 
     # ------------------------------------------------------------ a train step, on every trainer rank
     def split(self, flat):

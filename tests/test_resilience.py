@@ -150,6 +150,24 @@ def test_stuck_searcher_hits_the_timeout_and_ends_the_job(tiny_model, tmp_path):
     assert leftovers(out) == []
 
 
+def test_an_exception_in_the_loop_ends_in_one_line_a_traceback_file_and_a_checkpoint(tiny_model, tmp_path):
+    """A loss that raises at step 3 (any bug, bad sample or OOM in the loop): one line naming it, the traceback in
+    out_dir/error.txt, a checkpoint of step 2 that a resume continues from."""
+    out = tmp_path / "run"
+    job = start(HF_SYNC + [f"loss={os.path.join(ROOT, 'tests', 'losses', 'fails_at_step_3.py')}", "steps=5"], out)
+    try:
+        output, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 1, output[-3000:]
+    line = [x for x in output.splitlines() if x.startswith("error: step 3 failed: IndexError: index 8")]
+    assert line and f"(traceback: {out}/error.txt); checkpoint {out}/checkpoints/step_2;" in line[0], output[-3000:]
+    assert "raise IndexError" not in output and "raise IndexError" in (out / "error.txt").read_text()
+    assert checkpoint.latest(str(out / "checkpoints")) == str(out / "checkpoints" / "step_2")
+    assert [json.loads(x)["step"] for x in open(out / "metrics.jsonl")] == [0, 1, 2]
+
+
 def test_a_searcher_that_raises_is_named_with_its_error(tiny_model, tmp_path):
     """Every searcher fails at its first generation (the task's scorer cannot be built): the trainer's line names
     them with their own error, not a failed round, whether or not their processes are gone yet."""
@@ -334,6 +352,38 @@ def test_the_log_survives_a_torn_row_and_a_restart_without_a_checkpoint(tmp_path
     assert "the earlier log is kept as" in capsys.readouterr().err
     checkpoint.clear_run(str(tmp_path))  # overwrite=true deletes the kept log with the rest
     assert not any(name.startswith("metrics") for name in os.listdir(tmp_path))
+
+
+def test_a_second_job_on_the_same_out_dir_is_refused(tiny_model, tmp_path):
+    """One job per out_dir: while a job holds out_dir/.lock, another (its --prepare, or its rank 0) is refused in one
+    line naming the holder; once the lock is free the same command goes through."""
+    import fcntl
+    out = tmp_path / "run"
+    cfg = Config(out_dir=str(out))
+    train.lock_out_dir(cfg, hold=True)  # this process plays the running job
+    try:
+        cmd = [sys.executable, "train.py", "configs/tiny.yaml", "--prepare", f"out_dir={out}"]
+        p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+        assert f"out_dir {out} is in use by another job (pid {os.getpid()} on " in p.stderr
+    finally:
+        fcntl.flock(train._held.pop(), fcntl.LOCK_UN)
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == "3", p.stderr
+
+
+def test_a_resume_with_other_data_is_refused_in_one_line(tmp_path):
+    """The buffer holds the prompt ids and samples of the data it was filled from: a resume with another task,
+    train_data, n_train, model, K or S is refused naming the key; other keys (lr, steps, m) may change."""
+    ckpts = tmp_path / "run" / "checkpoints" / "step_3"
+    ckpts.mkdir(parents=True)
+    keys = {k: getattr(Config(), k) for k in trainer.BUFFER_KEYS}
+    (ckpts / "meta.json").write_text(json.dumps({"step": 3, "weight_delay": 0, "buffer_keys": keys}))
+    base = dict(out_dir=str(tmp_path / "run"), resume="auto", steps=10)
+    assert train.find_resume(Config(**base, lr=1e-4, m=0.5)) == str(ckpts)
+    for key, value in [("K", 4), ("S", 4), ("train_data", "procedural:train:100"), ("n_train", 50)]:
+        with pytest.raises(ConfigError, match=f"written with {key}=.*resume with {key}="):
+            train.find_resume(Config(**base, **{key: value}))
 
 
 def test_a_run_never_writes_over_another_run(tiny_model, tmp_path):

@@ -22,7 +22,7 @@ import checkpoint
 import plan
 import trainer_group
 from buffer import Draw, Sample
-from config import load_config
+from config import Config, load_config
 from conftest import ROOT, TINY, read_run, start, torchrun
 from learner import Learner
 from policy import load_model, load_tokenizer, token_logprobs
@@ -215,6 +215,27 @@ def test_the_protocol_test_sees_two_sides_drift_apart(tiny_model, tmp_path, monk
     monkeypatch.setitem(trainer_group.FOLLOW, Command.SAVE, save_without_barrier)
     rank0, follower = both_sides(Command.SAVE, tiny_model, tmp_path, monkeypatch)
     assert rank0 != follower and rank0.count("barrier") == 1 and "barrier" not in follower
+
+
+def test_every_trainer_rank_sets_nccl_error_handling_before_its_group_is_built(monkeypatch):
+    """NCCL reads TORCH_NCCL_ASYNC_ERROR_HANDLING when a group is built: every trainer rank (followers too) must have
+    2 by then, or a dead trainer rank ends rank 0 in NCCL's watchdog before it can name it."""
+    seen = []
+
+    class Built(Exception):
+        pass
+
+    def init_process_group(backend, **kwargs):
+        seen.append((backend, os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING")))
+        raise Built
+    monkeypatch.setattr(trainer_group.dist, "init_process_group", init_process_group)
+    monkeypatch.delenv("TORCH_NCCL_ASYNC_ERROR_HANDLING", raising=False)
+    cfg = Config(n_trainers=2)
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(Built):
+            trainer_group.Group(cfg, torch.nn.Linear(2, 2), "cuda", dist.HashStore())
+    assert seen == [("cpu:gloo,cuda:nccl", "2")] * 2
 
 
 # ---------------------------------------------------------------- whole runs: 2 trainers + 2 searchers
