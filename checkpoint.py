@@ -1,4 +1,4 @@
-"""Resumable checkpoints, each written whole or not at all.
+"""Resumable checkpoints, each written whole or not at all, and TrainerState, what they restore of rank 0.
 
     out_dir/checkpoints/step_N/   (and final/ at the end of a run)
         model.safetensors, config.json, tokenizer files   HF format: eval.py, transformers and vLLM load it as is
@@ -8,8 +8,9 @@
         ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0; searchers read it)
         optimizer_rank{r}.pt  n_trainers > 1: each trainer rank's own optimizer state (fsdp: its shard), in place of
                             trainer_state.pth's; a resume needs the same n_trainers and trainer_parallel (meta.json)
-        meta.json           {"step": N, "weight_delay": D, with n_trainers > 1 n_trainers and trainer_parallel,
-                            "files": {name: bytes} of every other file}, written last
+        meta.json           {"step": N, "weight_delay": D, "buffer_keys": the data the buffer was filled from,
+                            with n_trainers > 1 n_trainers and trainer_parallel, "files": {name: bytes} of every
+                            other file}, written last
 
 A checkpoint is written into NAME.tmp/, every file flushed to disk (fsync), and renamed to NAME when complete, so a
 crash in the middle of a save leaves every earlier checkpoint intact. `latest` takes the newest checkpoint whose files
@@ -24,7 +25,68 @@ import sys
 
 import torch
 
+import runlog
+from buffer import ReplayBuffer
+
 STEP_DIR = re.compile(r"step_(\d+)$")
+
+
+BUFFER_KEYS = ("task", "train_data", "n_train", "model", "K", "S")  # what the buffered samples were made with
+
+
+class TrainerState:
+    """Rank 0's state: everything a checkpoint restores besides the weights (saved in HF format); save and resume
+    both go through state_dict / load_state_dict. `learner`: learner.Learner (its model, optimizer and group)."""
+
+    def __init__(self, cfg, learner):
+        self.model, self.opt, self.group = learner.model, learner.opt, learner.group
+        self.buffer = ReplayBuffer(cfg)
+        self.step = 0  # the last step whose update (or skip) is complete
+        self.places = {}  # searcher rank -> its sync.ShardPlace at the last round
+        self.ref_version, self.ref_weights = 0, None  # TBA': step of the last reference reset, and those weights
+        self.eval_start, self.last_eval = {}, {}  # metrics of the start-of-run and of the latest evaluation
+        self.skipped = self.bad_in_a_row = 0  # updates skipped for a non-finite loss or gradient: in all, in a row
+        self.generated = self.trained = 0  # samples gathered from the searchers / trained on, over the whole run
+        self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
+        self.timers = runlog.Timers()
+        # in the checkpoint's meta.json: a resume must match them (the buffer holds this data's prompt ids and samples)
+        self.meta = {"weight_delay": cfg.weight_delay, "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
+        if self.group.size > 1:  # the optimizer state is in one file per trainer rank, for the same T and parallelism
+            self.meta.update(n_trainers=self.group.size, trainer_parallel=self.group.parallel)
+
+    def state_dict(self):
+        optimizer = self.opt.state_dict() if self.group.size == 1 else None  # T > 1: Group.save_shards
+        return dict(meta=self.meta, step=self.step, optimizer=optimizer, buffer=self.buffer.state_dict(),
+                    torch_rng=torch.get_rng_state(), places=self.places, ref_version=self.ref_version,
+                    ref_weights=self.ref_weights, eval_start=self.eval_start, last_eval=self.last_eval,
+                    skipped=self.skipped, bad_in_a_row=self.bad_in_a_row, generated=self.generated,
+                    trained=self.trained, versions=self.versions, timers=self.timers.state_dict())
+
+    def load_state_dict(self, state):
+        if state["optimizer"] is not None:
+            self.opt.load_state_dict(state["optimizer"])
+        self.buffer.load_state_dict(state["buffer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.timers.load_state_dict(state["timers"])
+        for key in ("step", "places", "ref_version", "ref_weights", "eval_start", "last_eval", "skipped",
+                    "bad_in_a_row", "generated", "trained", "versions"):
+            setattr(self, key, state[key])
+
+    def keep_version(self, delay):
+        """weight_delay = D: keep a CPU copy of the weights after self.step, drop those older than step - D."""
+        if delay:
+            weights = self.model.state_dict()
+            self.versions[self.step] = {n: t.detach().to("cpu", copy=True) for n, t in weights.items()}
+            for v in [v for v in self.versions if v < self.step - delay]:
+                del self.versions[v]
+
+    def version_for(self, step, delay):
+        """The weights the round at `step` sends: (their step, {name: tensor}), or (step, None) for the model's
+        current ones (D = 0). With D > 0 they are step - D's, or the start weights while step < D."""
+        if not delay:
+            return step, None
+        version = max(step - delay, min(self.versions))
+        return version, self.versions[version]
 
 
 def save(path, model, tok, state, shards=None):

@@ -186,6 +186,10 @@ class Config:
                                        "0.01); 0 = greedy. Accuracy is always greedy", ge=0)
     save_every: int = key(0, "resumable checkpoint every N steps: out_dir/checkpoints/step_N (also at the end, on "
                              "SIGTERM and on a failed rank; 0 = only then)", ge=0)
+    save_minutes: float = key(30.0, "also a resumable checkpoint once this many minutes have passed since the last "
+                                    "one: a SIGKILL or a lost node costs at most that much (0 = off)", ge=0)
+    max_restarts: int = key(0, "launch.sh: torchrun restarts the whole job up to this many times after a rank fails; "
+                               "each attempt resumes from the newest complete checkpoint (docs/long_runs.md)", ge=0)
     keep_checkpoints: int = key(2, "step_N checkpoints kept, older ones deleted (checkpoints/final is always kept; "
                                    "0 = keep all)", ge=0)
     resume: str = key("", "\"\" = start fresh | auto = continue from the newest complete checkpoint in out_dir "

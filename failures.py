@@ -7,11 +7,15 @@ SIGTERM / SIGINT writes "left/<rank>" (leave_on_signal), so rank 0 can tell a cr
 collective fails, diagnose() waits at most DIAGNOSE_S for one of those keys or a dead process, instead of guessing how
 long a dying rank takes to go.
 """
+import dataclasses
 import os
 import signal
 import socket
 import sys
 import time
+import traceback
+
+import checkpoint
 
 DIAGNOSE_S = 5.0  # how long rank 0 waits, after a failed collective, for the rank behind it to show itself
 POLL_S = 0.1
@@ -19,16 +23,63 @@ POLL_S = 0.1
 
 class Stop(Exception):
     """The job must stop. `why`: the line the user reads, or None for a failed collective, whose `where` ("sync
-    round", "trainer group") and `error` the diagnosis turns into one (reason()). `code`: the exit code."""
+    round", "trainer group") and `error` the diagnosis turns into one (reason()). `code`: the exit code. `retry`:
+    whether a restarted attempt (max_restarts) may get further."""
 
-    def __init__(self, why=None, code=1, where=None, error=None):
+    def __init__(self, why=None, code=1, where=None, error=None, retry=True):
         super().__init__(why or f"the {where} failed: {first_line(error)}")
-        self.why, self.code, self.where, self.error = why, code, where, error
+        self.why, self.code, self.where, self.error, self.retry = why, code, where, error, retry
+
+
+def as_stop(error, out_dir, step):
+    """`error` as a Stop: itself, or for any other exception one line naming it, with its traceback written to
+    out_dir/error.txt (call it in the except block that caught it)."""
+    if isinstance(error, Stop):
+        return error
+    path = os.path.join(out_dir, "error.txt")
+    with open(path, "w") as f:
+        f.write(traceback.format_exc())
+    return Stop(f"step {step} failed: {type(error).__name__}: {first_line(error)} (traceback: {path})")
 
 
 def first_line(error):
     text = str(error).strip()
     return text.splitlines()[0][:200] if text else type(error).__name__
+
+
+# ---------------------------------------------------------------- restarts (max_restarts)
+
+FINAL = ".final_stop"  # in out_dir: "<exit code> <line>" of a stop that a restart would only repeat
+
+
+def final(out_dir, line, code):
+    """Mark the run stopped for good (a bad config, max_bad_steps): a restarted attempt exits at once. A signal is
+    not final: torchrun's agent sends SIGTERM to every rank when one fails, and does not restart when it got one."""
+    try:
+        with open(os.path.join(out_dir, FINAL), "w") as f:
+            f.write(f"{code} {line}\n")
+    except OSError:  # no out_dir yet: nothing of the run to protect
+        pass
+
+
+def attempt(cfg, rank):
+    """The config of this attempt of the job. The first runs as configured (rank 0 drops a final mark an earlier job
+    left). A restart (torchrun --max-restarts, TORCHELASTIC_RESTART_COUNT > 0) resumes from the newest complete
+    checkpoint in out_dir, or exits at once with the code of a stop marked final."""
+    n, path = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), os.path.join(cfg.out_dir, FINAL)
+    if not n:
+        if rank == 0 and os.path.exists(path):
+            os.remove(path)
+        return cfg
+    if os.path.exists(path):
+        code, line = open(path).read().split(" ", 1)
+        if rank == 0:
+            say(f"{line.strip()} (restart {n}: not retried)")
+        sys.exit(int(code))
+    if rank == 0:
+        say(f"restart {n} of {cfg.max_restarts}: resuming from the newest complete checkpoint")
+    found = checkpoint.latest(os.path.join(cfg.out_dir, "checkpoints"))
+    return dataclasses.replace(cfg, resume="auto" if found else cfg.resume, overwrite=False)
 
 
 # ---------------------------------------------------------------- signals
@@ -155,10 +206,11 @@ def stop_reason(cfg, state, signalled, row):
     """After a trainer step: a Stop for a signal or for max_bad_steps updates in a row skipped for a non-finite loss
     or gradient, or None to go on."""
     if signalled:
-        return Stop(f"stopped by {signalled[0]}", 128 + signal.Signals[signalled[0]])
+        return Stop(f"stopped by {signalled[0]}", 128 + signal.Signals[signalled[0]])  # torchrun's agent decides
     if state.bad_in_a_row >= cfg.max_bad_steps:
         return Stop(f"{cfg.max_bad_steps} updates in a row had a non-finite loss or gradient (last: step "
-                    f"{state.step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped")
+                    f"{state.step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped",
+                    retry=False)
     return None
 
 

@@ -10,8 +10,8 @@ if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 case "${1:-}" in -h|--help) exec "$PY" train.py --help ;; ""|*=*) set -- configs/tiny.yaml "$@" ;; esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
-NPROC=$("$PY" train.py --prepare "$@") || exit 2      # config, data, model, GPU memory: one line on error
-NPROC="${NPROC##*$'\n'}"
+PREPARED=$("$PY" train.py --prepare "$@") || exit 2   # config, data, model, GPU memory: one line on error
+read -r NPROC RESTARTS <<< "${PREPARED##*$'\n'}"     # ranks, and max_restarts when it is not 0
 # One node without MASTER_PORT: torchrun's store listens on a port the OS picks and holds (no --master_port given:
 # c10d rendezvous on localhost:0), so jobs run side by side without racing for a port. Otherwise the given address.
 RDZV=(--local_addr=127.0.0.1)
@@ -23,8 +23,8 @@ fi
 # has one); either way without torchrun's traceback and log lines: the trainer has already said why in one line.
 exec "$PY" -c '
 import logging, os, sys
-os.environ.setdefault("LOGLEVEL", "ERROR")  # torchrun logs at warning level what the trainer says in its own line:
-logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)  # "shutting down workers", "closing signal"
+os.environ.setdefault("LOGLEVEL", "CRITICAL")  # torchrun logs what the trainer says in its own line: "closing
+logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # signal", "failed (exitcode: -9)", ...
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
@@ -36,5 +36,5 @@ except ChildFailedError as e:
     failure = e.failures.get(0) or e.get_first_failure()[1]
     sys.exit(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
 ' --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" "${RDZV[@]}" \
-  --nproc_per_node="${NPROC_PER_NODE:-$NPROC}" \
+  --nproc_per_node="${NPROC_PER_NODE:-$NPROC}" --max-restarts="${RESTARTS:-0}" \
   train.py "$@"

@@ -66,6 +66,7 @@ pin_gpu(GPUS, LOCAL_WORLD, LOCAL_RANK)
 import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
 
 import checkpoint  # noqa: E402
+import failures  # noqa: E402
 from engine import engine_name, position_limit  # noqa: E402
 from policy import ModelError, check_shipped, fit_new_tokens, load_tokenizer, longest_prompt  # noqa: E402
 from rewards import DataError, get_task  # noqa: E402
@@ -180,7 +181,7 @@ def prepare(cfg):
         print(plan.prepare_check(cfg, ctx.gpu_mode, len(GPUS), gpu_bytes, longest, engine), file=sys.stderr)
     lock_out_dir(cfg, hold=False)  # last: what is wrong with the config itself comes first
     claim_out_dir(cfg, clear=False)
-    print(cfg.n_trainers + cfg.n_searchers)
+    print(cfg.n_trainers + cfg.n_searchers, *([cfg.max_restarts] if cfg.max_restarts else []))
 
 
 _held = []  # rank 0: the open lock file of its out_dir, held until the process ends
@@ -250,6 +251,7 @@ def main():
         cfg = load_config(*parse_cli([a for a in args if a != "--prepare"]))
         if prep:
             return prepare(cfg)
+        cfg = failures.attempt(cfg, rank)  # a restarted attempt resumes, or exits at once after a final stop
         if rank == 0:  # the trainer's job: the searchers write nothing into out_dir
             lock_out_dir(cfg, hold=True)
             claim_out_dir(cfg, clear=True)
@@ -261,7 +263,10 @@ def main():
             lower_priority(cfg.searcher_nice)
         ctx = Context(cfg)
     except (ConfigError, DataError, ModelError) as e:
-        print(f"error: {e}" + (f" (rank {rank})" if rank else ""), file=sys.stderr)
+        line = f"error: {e}" + (f" (rank {rank})" if rank else "")
+        print(line, file=sys.stderr)
+        if not prep and rank == 0 and "cfg" in locals():  # the same again on a restart: the next attempt exits
+            failures.final(cfg.out_dir, line, 2)
         sys.exit(2)
     from comm import Comm, connect
     if 0 < rank < cfg.n_trainers:  # trainer ranks 1..T-1 take no part in the sync rounds (comm.py)
@@ -273,7 +278,6 @@ def main():
     if comm.rank == 0:
         import trainer
         return trainer.run(cfg, comm, ctx)
-    import failures
     import searcher
     try:
         searcher.run(cfg, comm, ctx)

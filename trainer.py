@@ -12,9 +12,7 @@ import json
 import os
 import sys
 import time
-import traceback
 
-import torch
 import yaml
 from tqdm import tqdm
 
@@ -22,70 +20,11 @@ import checkpoint
 import failures
 import runlog
 import sync
-from buffer import ReplayBuffer
 from config import config_to_dict
 from eval import merge_evals
 from failures import Stop
 from learner import build as build_learner
 from sync import Flag
-
-
-BUFFER_KEYS = ("task", "train_data", "n_train", "model", "K", "S")  # what the buffered samples were made with
-
-
-class TrainerState:
-    """Everything a checkpoint restores besides the weights (saved in HF format): save and resume both go through
-    state_dict / load_state_dict."""
-
-    def __init__(self, cfg, learner):
-        self.model, self.opt, self.group = learner.model, learner.opt, learner.group
-        self.buffer = ReplayBuffer(cfg)
-        self.step = 0  # the last step whose update (or skip) is complete
-        self.places = {}  # searcher rank -> its sync.ShardPlace at the last round
-        self.ref_version, self.ref_weights = 0, None  # TBA': step of the last reference reset, and those weights
-        self.eval_start, self.last_eval = {}, {}  # metrics of the start-of-run and of the latest evaluation
-        self.skipped = self.bad_in_a_row = 0  # updates skipped for a non-finite loss or gradient: in all, in a row
-        self.generated = self.trained = 0  # samples gathered from the searchers / trained on, over the whole run
-        self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
-        self.timers = runlog.Timers()
-        # in the checkpoint's meta.json: a resume must match them (the buffer holds this data's prompt ids and samples)
-        self.meta = {"weight_delay": cfg.weight_delay, "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
-        if self.group.size > 1:  # the optimizer state is in one file per trainer rank, for the same T and parallelism
-            self.meta.update(n_trainers=self.group.size, trainer_parallel=self.group.parallel)
-
-    def state_dict(self):
-        optimizer = self.opt.state_dict() if self.group.size == 1 else None  # T > 1: Group.save_shards
-        return dict(meta=self.meta, step=self.step, optimizer=optimizer, buffer=self.buffer.state_dict(),
-                    torch_rng=torch.get_rng_state(), places=self.places, ref_version=self.ref_version,
-                    ref_weights=self.ref_weights, eval_start=self.eval_start, last_eval=self.last_eval,
-                    skipped=self.skipped, bad_in_a_row=self.bad_in_a_row, generated=self.generated,
-                    trained=self.trained, versions=self.versions, timers=self.timers.state_dict())
-
-    def load_state_dict(self, state):
-        if state["optimizer"] is not None:
-            self.opt.load_state_dict(state["optimizer"])
-        self.buffer.load_state_dict(state["buffer"])
-        torch.set_rng_state(state["torch_rng"])
-        self.timers.load_state_dict(state["timers"])
-        for key in ("step", "places", "ref_version", "ref_weights", "eval_start", "last_eval", "skipped",
-                    "bad_in_a_row", "generated", "trained", "versions"):
-            setattr(self, key, state[key])
-
-    def keep_version(self, delay):
-        """weight_delay = D: keep a CPU copy of the weights after self.step, drop those older than step - D."""
-        if delay:
-            weights = self.model.state_dict()
-            self.versions[self.step] = {n: t.detach().to("cpu", copy=True) for n, t in weights.items()}
-            for v in [v for v in self.versions if v < self.step - delay]:
-                del self.versions[v]
-
-    def version_for(self, step, delay):
-        """The weights the round at `step` sends: (their step, {name: tensor}), or (step, None) for the model's
-        current ones (D = 0). With D > 0 they are step - D's, or the start weights while step < D."""
-        if not delay:
-            return step, None
-        version = max(step - delay, min(self.versions))
-        return version, self.versions[version]
 
 
 def train_step(cfg, state, learner, step):
@@ -230,7 +169,7 @@ def begin(cfg, comm, ctx):
     transport = ctx.make_transport(comm, learner.model)
     if ctx.gpu_mode == "shared":  # model, optimizer and weight buffers exist: the searchers' build turns start
         comm.end_turn()
-    state = TrainerState(cfg, learner)
+    state = checkpoint.TrainerState(cfg, learner)
     if ctx.resume:
         state.load_state_dict(checkpoint.load_state(ctx.resume))
         print(f"resumed from {ctx.resume} (step {state.step}, buffer {len(state.buffer)} samples)", flush=True)
@@ -256,6 +195,7 @@ def run(cfg, comm, ctx):
         while cfg.asynchronous and len(state.buffer) < cfg.initial_buffer:  # rounds that only gather
             gather(comm, state, start, Flag.NONE)
         state.timers.start_loop()
+        saved_at = time.monotonic()  # save_minutes counts from here
         pbar = tqdm(range(start + 1, cfg.steps + 1), initial=start, total=cfg.steps, disable=not cfg.progress,
                     desc="train", dynamic_ncols=True)
         for step in pbar:
@@ -266,17 +206,14 @@ def run(cfg, comm, ctx):
             stop = failures.stop_reason(cfg, state, signalled, row)
             if stop:
                 raise stop
-            if cfg.save_every and step % cfg.save_every == 0 and not last:
+            if not last and (cfg.save_every and step % cfg.save_every == 0
+                             or cfg.save_minutes and time.monotonic() - saved_at > 60 * cfg.save_minutes):
                 save(cfg, state, ctx.tok)
+                saved_at = time.monotonic()
             if last:
                 break
-    except Stop as stop:
-        end_stopped(cfg, comm, transport, state, ctx.tok, log, stop, start, signalled, row)
-    except Exception as e:  # a bug, a bad sample, an OOM, a full disk: one line, the traceback in a file, a checkpoint
-        path = os.path.join(cfg.out_dir, "error.txt")
-        with open(path, "w") as f:
-            f.write(traceback.format_exc())
-        stop = Stop(f"step {state.step + 1} failed: {type(e).__name__}: {failures.first_line(e)} (traceback: {path})")
+    except Exception as e:  # a Stop, or a bug, a bad sample, an OOM, a full disk (failures.as_stop)
+        stop = failures.as_stop(e, cfg.out_dir, state.step + 1)
         end_stopped(cfg, comm, transport, state, ctx.tok, log, stop, start, signalled, row)
     transport.close()
     save(cfg, state, ctx.tok, "final")
@@ -305,5 +242,7 @@ def end_stopped(cfg, comm, transport, state, tok, log, stop, start, signalled, r
         saved = "no checkpoint: a trainer rank is gone (resume=auto takes the last one saved)"
     state.group.close(stop=every_rank)
     log.close()
+    if not stop.retry:  # a restart would only stop again
+        failures.final(cfg.out_dir, line, code)
     failures.say(f"{line}; {saved}; continue with resume=auto")
     sys.exit(code)

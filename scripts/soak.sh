@@ -1,51 +1,51 @@
 #!/usr/bin/env bash
-# Soak test: the tiny default made long (1800 steps, ~30 min on 2 cores) with a searcher killed (kill -9) twice,
-# the job resumed with resume=auto each time. Prints one line per phase and the final result.
-#   bash scripts/soak.sh [OUT_DIR] [KILL_AFTER_S]      (defaults: out/soak, 540 s into each of the first two phases)
-# Compare its eval/accuracy at step 600 with an uninterrupted `bash launch.sh` (tiny default, 600 steps, seed 0).
+# Soak test of self-healing: the tiny default made long, launched once with max_restarts, while a searcher is killed
+# (kill -9) every INTERVAL seconds of progress, ranks 1 and 2 in turn, KILLS times. The job must heal itself: one
+# restart per kill, each resuming from the checkpoint saved at the failure, and finish with every step logged once.
+#   bash scripts/soak.sh [OUT_DIR] [KILLS] [INTERVAL_S] [STEPS]      (defaults: out/soak 10 60 1500)
+# Prints one line per kill (the step it hit, seconds until the run was past that step again, steps redone) and a
+# verdict; exits 1 when the run failed, a step is missing or doubled, a kill cost more than one restart, or a process
+# was left behind.
 set -u
 cd "$(dirname "$0")/.."
-out=${1:-out/soak}
-kill_after=${2:-540}
-rm -rf "$out" "$out".phase*.log
-args=(configs/tiny.yaml steps=1800 time_budget_min=0 eval_every=100 save_every=100 progress=false "out_dir=$out")
+out=${1:-out/soak}; kills=${2:-10}; interval=${3:-60}; steps=${4:-1500}
 PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
-
-rank_pid() {  # the pid of torchrun job $1's worker with RANK=$2
-  for c in $(pgrep -P "$1"); do tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null | grep -qx "RANK=$2" && echo "$c"; done
+rm -rf "$out" "$out.log"
+last_step() { [ -s "$out/metrics.jsonl" ] && tail -n 1 "$out/metrics.jsonl" | "$PY" -c \
+  "import json,sys; print(json.loads(sys.stdin.read() or '{\"step\": 0}')['step'])" 2>/dev/null || echo 0; }
+rank_pid() {  # the pid of the job's worker with RANK=$1 (the workers are children of torchrun's agent, $job)
+  for c in $(pgrep -P "$job"); do tr '\0' '\n' < "/proc/$c/environ" 2>/dev/null | grep -qx "RANK=$1" && echo "$c"; done
 }
-last_step() { [ -f "$out/metrics.jsonl" ] && tail -n 1 "$out/metrics.jsonl" | "$PY" -c "import json,sys; print(json.load(sys.stdin)['step'])" || echo 0; }
 
 t0=$(date +%s)
-for phase in 1 2 3; do
-  log="$out.phase$phase.log"
-  bash launch.sh "${args[@]}" resume=auto > "$log" 2>&1 &
-  job=$!
-  if [ "$phase" -lt 3 ]; then
-    sleep "$kill_after"
-    victim=$(rank_pid "$job" $(( (phase - 1) % 2 + 1 )))
-    step=$(last_step)
-    tk=$(date +%s)
-    kill -9 "$victim"
-    wait "$job"; rc=$?
-    echo "phase $phase: kill -9 of searcher rank $(( (phase - 1) % 2 + 1 )) (pid $victim) at step $step;" \
-         "job exited rc=$rc after $(( $(date +%s) - tk )) s;" \
-         "$(grep -m1 -o 'error: .*' "$log")"
-    left=$(pgrep -f "out_dir=$out" | wc -l); echo "  processes left behind: $left"
-  else
-    wait "$job"; rc=$?
-    echo "phase $phase: ran to the end, rc=$rc; $(grep -m1 -o 'done: .*' "$log")"
-  fi
+bash launch.sh configs/tiny.yaml "steps=$steps" time_budget_min=0 eval_every=500 progress=false \
+  "max_restarts=$kills" "out_dir=$out" > "$out.log" 2>&1 &
+job=$!
+failed=0
+for k in $(seq 1 "$kills"); do
+  sleep "$interval"
+  rank=$(( (k - 1) % 2 + 1 )); victim=$(rank_pid "$rank"); step=$(last_step)
+  [ -n "$victim" ] || { echo "kill $k: no searcher rank $rank running (the job: $(tail -n 2 "$out.log"))"; failed=1; break; }
+  tk=$(date +%s.%N)
+  kill -9 "$victim"
+  until [ "$(last_step)" -gt "$step" ] || ! kill -0 "$job" 2>/dev/null; do sleep 0.5; done
+  resumed=$(grep -o "resumed from [^ ]* (step [0-9]*" "$out.log" | tail -n 1 | grep -o "[0-9]*$")
+  echo "kill $k: searcher rank $rank (pid $victim) at step $step; past it again after" \
+       "$("$PY" -c "import time; print(f'{time.time() - $tk:.0f}')") s; resumed from step ${resumed:-?}," \
+       "$(( step - ${resumed:-0} )) steps redone"
 done
-echo "soak: $(( ($(date +%s) - t0) / 60 )) min wall in total"
-"$PY" - "$out" <<'EOF'
+wait "$job"; rc=$?
+left=$(pgrep -f "out_dir=$out" | wc -l)
+echo "soak: rc $rc, $(( ($(date +%s) - t0) / 60 )) min wall, restarts $(grep -c '^restart [0-9]* of' "$out.log"), " \
+     "processes left $left; $(grep -m1 -o 'done: .*' "$out.log")"
+"$PY" - "$out" "$kills" "$rc" "$left" "$failed" <<'EOF'
 import json, sys
-out = sys.argv[1]
-rows = [json.loads(l) for l in open(f"{out}/metrics.jsonl")]
-steps = [r["step"] for r in rows]
-s = json.load(open(f"{out}/summary.json"))
-evals = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
-print(f"steps logged: {len(steps)} (unique {len(set(steps))}, 0..{max(steps)}); summary steps {s['steps']}; "
-      f"skipped updates {s['skipped_updates']}")
-print("eval accuracy by step: " + ", ".join(f"{k}: {100 * v:.1f}%" for k, v in sorted(evals.items())))
+out, kills, rc, left, failed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+steps = [json.loads(line)["step"] for line in open(f"{out}/metrics.jsonl")]
+log = open(f"{out}.log").read()
+restarts = log.count("resuming from the newest complete checkpoint")
+ok = rc == 0 and not left and not failed and steps == list(range(len(steps))) and restarts == kills
+print(f"steps logged 0..{max(steps)}, each once: {steps == list(range(len(steps)))}; restarts {restarts} for {kills} "
+      f"kills; {'PASS' if ok else 'FAIL'}")
+sys.exit(0 if ok else 1)
 EOF

@@ -1,4 +1,5 @@
 """Surviving long runs: resume after a kill, dead and stuck searchers, non-finite updates, interrupted saves."""
+import dataclasses
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import pytest
 import torch
 
 import checkpoint
+import failures
 import runlog
 import sync
 import train
@@ -166,6 +168,56 @@ def test_an_exception_in_the_loop_ends_in_one_line_a_traceback_file_and_a_checkp
     assert "raise IndexError" not in output and "raise IndexError" in (out / "error.txt").read_text()
     assert checkpoint.latest(str(out / "checkpoints")) == str(out / "checkpoints" / "step_2")
     assert [json.loads(x)["step"] for x in open(out / "metrics.jsonl")] == [0, 1, 2]
+
+
+def test_checkpoints_by_the_clock(tiny_model, tmp_path):
+    """save_minutes: a checkpoint whenever that much time has passed since the last one, whatever save_every says."""
+    out = tmp_path / "run"
+    torchrun(HF_SYNC + ["steps=3", "n_test=8", "save_minutes=0.0001", "keep_checkpoints=0"], out)
+    assert sorted(os.listdir(out / "checkpoints")) == ["final", "step_1", "step_2"]
+
+
+def test_max_restarts_heals_a_killed_searcher_and_the_log_stays_contiguous(tiny_model, tmp_path):
+    """launch.sh with max_restarts=1: a searcher killed mid-run costs one restart of the job, which resumes from the
+    checkpoint saved at the failure; the run ends normally with every step logged exactly once."""
+    out = tmp_path / "run"
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    job = subprocess.Popen(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={out}",
+                            "engine=hf", "steps=40", "n_test=8", "max_restarts=1", "progress=false",
+                            "time_budget_min=0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: os.path.exists(out / "metrics.jsonl") and len((out / "metrics.jsonl").read_text()
+                                                                       .splitlines()) >= 6, 600, job, "steps")
+        victim = workers(job)[1]
+        os.kill(victim, signal.SIGKILL)
+        output, _ = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 0, output[-3000:]
+    assert f"searcher rank 1 (pid {victim}) died" in output and "restart 1 of 1: resuming" in output, output[-3000:]
+    rows, summary = read_run(out)
+    assert [r["step"] for r in rows] == list(range(41)) and summary["steps"] == 40, output[-3000:]
+    assert summary["resumed_from"] and leftovers(str(out)) == []
+
+
+def test_a_stop_marked_final_is_not_retried(tmp_path, monkeypatch, capsys):
+    """A restart after a stop that would only repeat (a bad config, max_bad_steps) exits at once with its
+    code; a first attempt drops such a mark; a restart after a failure resumes from the newest checkpoint."""
+    cfg = Config(out_dir=str(tmp_path))
+    failures.final(str(tmp_path), "error: 3 updates in a row had a non-finite loss", 1)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    with pytest.raises(SystemExit) as e:
+        failures.attempt(cfg, 0)
+    assert e.value.code == 1 and "(restart 1: not retried)" in capsys.readouterr().err
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    assert failures.attempt(cfg, 0) is cfg and not os.path.exists(tmp_path / failures.FINAL)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert failures.attempt(cfg, 0).resume == ""  # nothing saved yet: starts afresh (the earlier log is kept)
+    (tmp_path / "checkpoints" / "step_5").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "step_5" / "meta.json").write_text('{"step": 5}')
+    assert failures.attempt(dataclasses.replace(cfg, overwrite=True), 0).resume == "auto"
 
 
 def test_a_searcher_that_raises_is_named_with_its_error(tiny_model, tmp_path):
@@ -377,7 +429,7 @@ def test_a_resume_with_other_data_is_refused_in_one_line(tmp_path):
     train_data, n_train, model, K or S is refused naming the key; other keys (lr, steps, m) may change."""
     ckpts = tmp_path / "run" / "checkpoints" / "step_3"
     ckpts.mkdir(parents=True)
-    keys = {k: getattr(Config(), k) for k in trainer.BUFFER_KEYS}
+    keys = {k: getattr(Config(), k) for k in checkpoint.BUFFER_KEYS}
     (ckpts / "meta.json").write_text(json.dumps({"step": 3, "weight_delay": 0, "buffer_keys": keys}))
     base = dict(out_dir=str(tmp_path / "run"), resume="auto", steps=10)
     assert train.find_resume(Config(**base, lr=1e-4, m=0.5)) == str(ckpts)
