@@ -100,6 +100,17 @@ def test_resume_after_sigterm_continues_like_an_uninterrupted_run(tiny_model, tm
     assert "final" in kept and len(kept) <= 3 and not any(k.endswith(".tmp") for k in kept), kept  # keep_checkpoints=2
 
 
+def run_to_end(args, out, timeout=300):
+    """Start the job (conftest.start) and wait for it to end, however it ends: (exit code, output)."""
+    job = start(args, out)
+    try:
+        output, _ = job.communicate(timeout=timeout)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    return job.returncode, output
+
+
 def kill_rank_1(args, out, nproc=3):
     """Start the job, wait for 4 logged steps, SIGKILL rank 1. Returns (job, its pid, the job's output, seconds from
     the kill to the job's exit)."""
@@ -156,13 +167,9 @@ def test_an_exception_in_the_loop_ends_in_one_line_a_traceback_file_and_a_checkp
     """A loss that raises at step 3 (any bug, bad sample or OOM in the loop): one line naming it, the traceback in
     out_dir/error.txt, a checkpoint of step 2 that a resume continues from."""
     out = tmp_path / "run"
-    job = start(HF_SYNC + [f"loss={os.path.join(ROOT, 'tests', 'losses', 'fails_at_step_3.py')}", "steps=5"], out)
-    try:
-        output, _ = job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-    assert job.returncode == 1, output[-3000:]
+    rc, output = run_to_end(HF_SYNC + [f"loss={os.path.join(ROOT, 'tests', 'losses', 'fails_at_step_3.py')}",
+                                       "steps=5"], out)
+    assert rc == 1, output[-3000:]
     line = [x for x in output.splitlines() if x.startswith("error: step 3 failed: IndexError: index 8")]
     assert line and f"(traceback: {out}/error.txt); checkpoint {out}/checkpoints/step_2;" in line[0], output[-3000:]
     assert "raise IndexError" not in output and "raise IndexError" in (out / "error.txt").read_text()
@@ -224,13 +231,9 @@ def test_a_searcher_that_raises_is_named_with_its_error(tiny_model, tmp_path):
     """Every searcher fails at its first generation (the task's scorer cannot be built): the trainer's line names
     them with their own error, not a failed round, whether or not their processes are gone yet."""
     out = str(tmp_path / "run")
-    job = start(HF_SYNC + [f"task={os.path.join(ROOT, 'tests', 'tasks', 'broken_scorer.py')}", "steps=5"], out)
-    try:
-        output, _ = job.communicate(timeout=300)
-    finally:
-        if job.poll() is None:
-            os.killpg(job.pid, signal.SIGKILL)
-    assert job.returncode != 0, output[-3000:]
+    rc, output = run_to_end(HF_SYNC + [f"task={os.path.join(ROOT, 'tests', 'tasks', 'broken_scorer.py')}",
+                                       "steps=5"], out)
+    assert rc != 0, output[-3000:]
     line = [x for x in output.splitlines() if x.startswith("error: at step 0:")]
     assert line and "searcher rank 1 failed: ValueError: the scorer's model is missing" in line[0], output[-3000:]
     assert "no new step to save; continue with resume=auto" in line[0]
