@@ -10,6 +10,9 @@ if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 case "${1:-}" in -h|--help) exec "$PY" train.py --help ;; ""|*=*) set -- configs/tiny.yaml "$@" ;; esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" TOKENIZERS_PARALLELISM=false
+# torchrun's grace from SIGTERM to SIGKILL for the ranks (its default, 30 s, rarely fits a 7B step and a save); the
+# scheduler's own grace (Slurm KillWait, Kubernetes terminationGracePeriodSeconds) must be at least as long
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT="${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:-300}"
 PREPARED=$("$PY" train.py --prepare "$@") || exit 2   # config, data, model, GPU memory: one line on error
 read -r NPROC RESTARTS <<< "${PREPARED##*$'\n'}"     # ranks, and max_restarts when it is not 0
 # One node without MASTER_PORT: torchrun's store listens on a port the OS picks and holds (no --master_port given:

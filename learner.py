@@ -149,6 +149,11 @@ class Learner:
         return row
 
 
+def finite(model):
+    """Whether every weight of `model` is finite (under fsdp: this rank's shards)."""
+    return all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in model.parameters())
+
+
 def build(cfg, ctx, store):
     """Every trainer rank's learner: the policy (from the checkpoint on resume), the trainer group around it, AdamW
     (with this rank's optimizer state on resume when T > 1; with T = 1 the trainer's checkpoint state has it)."""

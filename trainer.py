@@ -23,7 +23,7 @@ import sync
 from config import config_to_dict
 from eval import merge_evals
 from failures import Stop
-from learner import build as build_learner
+from learner import build as build_learner, finite
 from sync import Flag
 
 
@@ -71,6 +71,8 @@ def push(cfg, comm, transport, state, learner, step, flags):
     """Round steps 3-5: the weights out (kept as TBA's reference with REF), the probe compared, the evaluation
     merged and written to eval_stepN.jsonl. Returns the round's metrics from step 3 on."""
     version, old = state.version_for(step, cfg.weight_delay)
+    if flags & Flag.WEIGHTS and old is None and not finite(state.model):
+        raise Stop(f"the weights after step {step} are not finite: not pushed", retry=False)
     source = old
     if source is None and flags & Flag.WEIGHTS:  # fsdp: assembled from the shards during the push
         source = state.group.gather_params()  # None with one trainer or ddp: the model's own weights
@@ -151,7 +153,10 @@ def one_step(cfg, comm, transport, state, learner, step, signalled):
 
 
 def save(cfg, state, tok, name=None):
-    """A resumable checkpoint of the state after state.step (the searchers' places as of the last round)."""
+    """A resumable checkpoint of the state after state.step (the searchers' places as of the last round). Weights
+    that are not finite are never saved: the newest checkpoint stays the last good one."""
+    if not finite(state.model):
+        raise Stop(f"the weights after step {state.step} are not finite: not saved", retry=False)
     path = os.path.join(cfg.out_dir, "checkpoints", name or f"step_{state.step}")
     shards = None if state.group.size == 1 else lambda tmp: state.group.save_shards(state.opt, tmp)
     with state.group.collectives():

@@ -177,6 +177,22 @@ def test_an_exception_in_the_loop_ends_in_one_line_a_traceback_file_and_a_checkp
     assert [json.loads(x)["step"] for x in open(out / "metrics.jsonl")] == [0, 1, 2]
 
 
+def test_weights_that_are_not_finite_are_never_saved_nor_pushed(tiny_model, tmp_path):
+    """A finite loss and gradient can still leave non-finite weights (a huge step): saving them would make them the
+    newest checkpoint and prune the good ones, pushing them would poison every searcher. Both stop the run instead."""
+    model = load_model(tiny_model, "float32", "cpu")
+    state = types.SimpleNamespace(model=model, step=7, group=types.SimpleNamespace(size=1),
+                                  version_for=lambda step, delay: (step, None))
+    cfg = Config(out_dir=str(tmp_path))
+    with torch.no_grad():
+        next(model.parameters())[0, 0] = float("inf")
+    with pytest.raises(Stop, match="weights after step 7 are not finite: not saved") as e:
+        trainer.save(cfg, state, None)
+    assert not e.value.retry and not os.path.exists(tmp_path / "checkpoints")
+    with pytest.raises(Stop, match="not finite: not pushed"):
+        trainer.push(cfg, None, None, state, None, 7, sync.Flag.WEIGHTS)
+
+
 def test_checkpoints_by_the_clock(tiny_model, tmp_path):
     """save_minutes: a checkpoint whenever that much time has passed since the last one, whatever save_every says."""
     out = tmp_path / "run"
