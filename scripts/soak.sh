@@ -3,7 +3,7 @@
 # (kill -9) every INTERVAL seconds of progress, ranks 1 and 2 in turn, KILLS times. The job must heal itself: one
 # restart per kill, each resuming from the checkpoint saved at the failure, and finish with every step logged once.
 #   bash scripts/soak.sh [OUT_DIR] [KILLS] [INTERVAL_S] [STEPS]      (defaults: out/soak 10 60 1500)
-# Prints one line per kill (the step it hit, seconds until the run was past that step again, steps redone) and a
+# Prints one line per kill (the step it hit, seconds until the resumed job trained again, steps redone) and a
 # verdict; exits 1 when the run failed, a step is missing or doubled, a kill cost more than one restart, or a process
 # was left behind.
 set -u
@@ -26,13 +26,17 @@ for k in $(seq 1 "$kills"); do
   sleep "$interval"
   rank=$(( (k - 1) % 2 + 1 )); victim=$(rank_pid "$rank"); step=$(last_step)
   [ -n "$victim" ] || { echo "kill $k: no searcher rank $rank running (the job: $(tail -n 2 "$out.log"))"; failed=1; break; }
+  resumes=$(grep -c "^resumed from" "$out.log")
   tk=$(date +%s.%N)
   kill -9 "$victim"
-  until [ "$(last_step)" -gt "$step" ] || ! kill -0 "$job" 2>/dev/null; do sleep 0.5; done
-  resumed=$(grep -o "resumed from [^ ]* (step [0-9]*" "$out.log" | tail -n 1 | grep -o "[0-9]*$")
-  echo "kill $k: searcher rank $rank (pid $victim) at step $step; past it again after" \
-       "$("$PY" -c "import time; print(f'{time.time() - $tk:.0f}')") s; resumed from step ${resumed:-?}," \
-       "$(( step - ${resumed:-0} )) steps redone"
+  # the restarted attempt says where it resumed; the kill has cost its time once a step after that is logged
+  until [ "$(grep -c "^resumed from" "$out.log")" -gt "$resumes" ] || ! kill -0 "$job" 2>/dev/null; do sleep 0.5; done
+  resumed=$(grep -o "^resumed from [^ ]* (step [0-9]*" "$out.log" | tail -n 1 | grep -o "[0-9]*$")
+  until [ "$(last_step)" -gt "${resumed:-0}" ] || ! kill -0 "$job" 2>/dev/null; do sleep 0.5; done
+  stopped=$(grep -o "^error: at step [0-9]*" "$out.log" | tail -n 1 | grep -o "[0-9]*$")
+  echo "kill $k: searcher rank $rank (pid $victim) near step $step; the trainer stopped at step ${stopped:-?}," \
+       "saved, and trained again $("$PY" -c "import time; print(f'{time.time() - $tk:.0f}')") s after the kill;" \
+       "resumed from step ${resumed:-?}: $(( ${stopped:-0} - ${resumed:-0} )) steps redone"
 done
 wait "$job"; rc=$?
 left=$(pgrep -f "out_dir=$out" | wc -l)
