@@ -62,14 +62,19 @@ def final(out_dir, line, code):
         pass
 
 
+def first_attempt(out_dir):
+    """Rank 0 of a job's first attempt, holding out_dir's lock: a final mark an earlier job left is not this job's."""
+    path = os.path.join(out_dir, FINAL)
+    if not int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) and os.path.exists(path):
+        os.remove(path)
+
+
 def attempt(cfg, rank):
-    """The config of this attempt of the job. The first runs as configured (rank 0 drops a final mark an earlier job
-    left). A restart (torchrun --max-restarts, TORCHELASTIC_RESTART_COUNT > 0) resumes from the newest complete
-    checkpoint in out_dir, or exits at once with the code of a stop marked final."""
+    """The config of this attempt of the job. The first runs as configured. A restart (torchrun --max-restarts,
+    TORCHELASTIC_RESTART_COUNT > 0) resumes from the newest complete checkpoint in out_dir, or exits at once with the
+    code of a stop marked final."""
     n, path = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), os.path.join(cfg.out_dir, FINAL)
     if not n:
-        if rank == 0 and os.path.exists(path):
-            os.remove(path)
         return cfg
     if os.path.exists(path):
         code, line = open(path).read().split(" ", 1)

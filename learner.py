@@ -151,7 +151,8 @@ class Learner:
 
 def finite(model):
     """Whether every weight of `model` is finite (under fsdp: this rank's shards)."""
-    return all(bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()) for p in model.parameters())
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in model.parameters()]
+    return bool(torch.stack([torch.isfinite(p).all() for p in local]).all())  # one device sync, not one per tensor
 
 
 def build(cfg, ctx, store):

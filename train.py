@@ -117,8 +117,9 @@ def find_resume(cfg):
     warn = os.environ.get("RANK") == "0"  # the job's rank 0 says which torn checkpoint it skipped
     path = checkpoint.latest(os.path.join(cfg.out_dir, "checkpoints"), warn) if cfg.resume == "auto" else cfg.resume
     step = checkpoint.step_of(path) if path else None
-    if path and checkpoint.torn(path):
-        raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint ({checkpoint.torn(path)})")
+    why = checkpoint.torn(path) if path else None
+    if why:
+        raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint ({why})")
     if step is not None and step >= cfg.steps:
         raise ConfigError(f"resume: {path} is at step {step} and steps={cfg.steps}; raise steps to continue")
     written = checkpoint.meta(path).get("weight_delay", 0) if path else cfg.weight_delay
@@ -244,7 +245,7 @@ def main():
         print(help_text(), end="")
         return
     prep = "--prepare" in args
-    rank = int(os.environ.get("RANK", 0))
+    rank, cfg = int(os.environ.get("RANK", 0)), None
     try:
         if "--plan" in args:
             sys.exit(0 if plan_memory(args) else 2)
@@ -254,6 +255,7 @@ def main():
         cfg = failures.attempt(cfg, rank)  # a restarted attempt resumes, or exits at once after a final stop
         if rank == 0:  # the trainer's job: the searchers write nothing into out_dir
             lock_out_dir(cfg, hold=True)
+            failures.first_attempt(cfg.out_dir)  # a final mark an earlier job left goes (under the lock)
             claim_out_dir(cfg, clear=True)
         world, ranks = int(os.environ.get("WORLD_SIZE", 1)), cfg.n_trainers + cfg.n_searchers
         if world != ranks:
@@ -265,7 +267,7 @@ def main():
     except (ConfigError, DataError, ModelError) as e:
         line = f"error: {e}" + (f" (rank {rank})" if rank else "")
         print(line, file=sys.stderr)
-        if not prep and rank == 0 and "cfg" in locals():  # the same again on a restart: the next attempt exits
+        if _held:  # rank 0 holds out_dir: a restart would fail the same way, so the next attempt exits at once
             failures.final(cfg.out_dir, line, 2)
         sys.exit(2)
     from comm import Comm, connect

@@ -227,7 +227,7 @@ def test_max_restarts_heals_a_killed_searcher_and_the_log_stays_contiguous(tiny_
 
 def test_a_stop_marked_final_is_not_retried(tmp_path, monkeypatch, capsys):
     """A restart after a stop that would only repeat (a bad config, max_bad_steps) exits at once with its
-    code; a first attempt drops such a mark; a restart after a failure resumes from the newest checkpoint."""
+    code; a new job's rank 0 drops such a mark; a restart after a failure resumes from the newest checkpoint."""
     cfg = Config(out_dir=str(tmp_path))
     failures.final(str(tmp_path), "error: 3 updates in a row had a non-finite loss", 1)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
@@ -235,7 +235,9 @@ def test_a_stop_marked_final_is_not_retried(tmp_path, monkeypatch, capsys):
         failures.attempt(cfg, 0)
     assert e.value.code == 1 and "(restart 1: not retried)" in capsys.readouterr().err
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    assert failures.attempt(cfg, 0) is cfg and not os.path.exists(tmp_path / failures.FINAL)
+    assert failures.attempt(cfg, 0) is cfg and os.path.exists(tmp_path / failures.FINAL)
+    failures.first_attempt(str(tmp_path))  # rank 0 of a new job, under out_dir's lock
+    assert not os.path.exists(tmp_path / failures.FINAL)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
     assert failures.attempt(cfg, 0).resume == ""  # nothing saved yet: starts afresh (the earlier log is kept)
     (tmp_path / "checkpoints" / "step_5").mkdir(parents=True)
