@@ -142,11 +142,22 @@ class VLLMEngine:
         self.llm = LLM(model=cfg.model, dtype=cfg.dtype, seed=seed, enforce_eager=device == "cpu",
                        max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=False,
                        enable_prefix_caching=not inflight, **kw)
-        self.eos_id = eos_id
+        self.bind(self.llm, eos_id)
+
+    def bind(self, llm, eos_id):
+        """The in-flight bookkeeping over `llm` (a vllm.LLM, or a test's stand-in)."""
+        self.llm, self.eos_id = llm, eos_id
         self.flight = {}  # request id -> the sample being generated in flight: key, tokens, log-probs, versions
         self.finished = []  # in-flight samples that finished, (key, token ids, log-probs, ((version, tokens), ...))
         self.version = 0  # the label of the loaded weights (the searcher sets it with each load)
         self.ids = itertools.count()  # request ids
+        # vLLM's async scheduling (its default on GPUs; off on CPU) runs a batch queue of two: each step() schedules a
+        # batch and returns the tokens of the one scheduled by the step() before (vllm/v1/engine/core.py,
+        # EngineCore.step_with_batch_queue), so tokens returned just after a weight load were sampled by the old
+        # weights: they carry the version of the step() that scheduled them
+        scheduler = getattr(getattr(llm.llm_engine, "vllm_config", None), "scheduler_config", None)
+        self.lag = int(bool(getattr(scheduler, "async_scheduling", False)))
+        self.scheduled = 0  # with lag 1: the version when the previous step() scheduled its batch
 
     def params(self, n, temperature, max_new_tokens, delta=False):
         from vllm import SamplingParams
@@ -196,8 +207,10 @@ class VLLMEngine:
             self.flight[rid] = dict(key=key, tokens=[], logprobs=[], versions=[])
 
     def step(self):
-        """One engine step: each running request gets its next token (after its prefill), which self.version's
-        weights sampled; the samples that finish move to self.finished."""
+        """One engine step: each running request gets its next token (after its prefill), labelled with the version
+        of the weights that sampled it (self.version when the step that scheduled it ran); the samples that finish
+        move to self.finished."""
+        version, self.scheduled = (self.scheduled if self.lag else self.version), self.version
         for out in self.llm.llm_engine.step():
             sample, completion = self.flight[out.request_id], out.outputs[0]
             new = list(completion.token_ids)
@@ -205,10 +218,10 @@ class VLLMEngine:
                 sample["tokens"] += new
                 if completion.logprobs:  # processed log-probs: of the sampled token under logits / temperature
                     sample["logprobs"] += [d[t].logprob for d, t in zip(completion.logprobs, new)]
-                if sample["versions"] and sample["versions"][-1][0] == self.version:
+                if sample["versions"] and sample["versions"][-1][0] == version:
                     sample["versions"][-1][1] += len(new)
                 else:
-                    sample["versions"].append([self.version, len(new)])
+                    sample["versions"].append([version, len(new)])
             if out.finished:
                 del self.flight[out.request_id]
                 self.finished.append((sample["key"], sample["tokens"], np.array(sample["logprobs"], dtype=np.float32),

