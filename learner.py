@@ -111,9 +111,11 @@ class Learner:
         if weights is not None:
             model.load_state_dict(weights, strict=False)
         ids = torch.tensor([self.prompts[0]], device=next(model.parameters()).device)
+        model.eval()  # generation with its KV cache (grad_checkpointing turns the cache off in training mode)
         out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=sync.PROBE_TOKENS, pad_token_id=self.tok.pad_token_id,
                              eos_token_id=self.tok.eos_token_id)
+        model.train()
         if current is not None:
             model.load_state_dict(current, strict=False)
         return trim_at_eos(out[0, ids.shape[1]:].tolist(), self.tok.eos_token_id)
@@ -155,12 +157,23 @@ def finite(model):
     return bool(torch.stack([torch.isfinite(p).all() for p in local]).all())  # one device sync, not one per tensor
 
 
+def checkpointing(model, cfg):
+    """grad_checkpointing: every decoder layer recomputes its activations in the backward pass (Hugging Face's
+    per-layer checkpointing, torch.utils.checkpoint with use_reentrant=False). Before the trainer group wraps the
+    model, so that under FSDP2 the recompute gathers each layer's weights as its forward does."""
+    if cfg.grad_checkpointing:
+        if not model.supports_gradient_checkpointing:
+            raise ValueError(f"grad_checkpointing: {type(model).__name__} does not support it")
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model
+
+
 def build(cfg, ctx, store):
     """Every trainer rank's learner: the policy (from the checkpoint on resume), the trainer group around it, AdamW
     (with this rank's optimizer state on resume when T > 1; with T = 1 the trainer's checkpoint state has it)."""
     torch.manual_seed(cfg.seed)
     prompts = [encode_prompt(ctx.tok, r["prompt"]) for r in ctx.train]
-    model = load_model(ctx.resume or cfg.model, cfg.dtype, ctx.device).train()
+    model = checkpointing(load_model(ctx.resume or cfg.model, cfg.dtype, ctx.device).train(), cfg)
     group = trainer_group.Group(cfg, model, ctx.device, store)  # T > 1: FSDP2 / DDP over ranks 0..T-1
     learner = Learner(cfg, ctx.tok, prompts, model, group)
     group.load_optimizer(learner.opt, ctx.resume)

@@ -131,13 +131,16 @@ def layer_activations(shape, e, seq):
     return (34 * h + 5 * shape["heads"] * seq) * e // 2
 
 
-def trainer_activations(shape, e, n, seq):
+def trainer_activations(shape, e, n, seq, recompute=False):
     """Activations of a micro-batch of n samples padded to seq tokens (token_logprobs pads to the longest):
     every layer's saved tensors (layer_activations), the final norm and the gathered response hidden states
-    (4h + 2eh), and half a layer's more while backward runs (the gradients of one layer's intermediates). An estimate,
-    not calibrated; the trainer peak memory of the GPU check (docs/performance.md) is the figure to compare it with."""
+    (4h + 2eh), and half a layer's more while backward runs (the gradients of one layer's intermediates). With
+    `recompute` (grad_checkpointing) a layer keeps only its input (e h bytes per token) until the backward reaches
+    it, and then one layer's saved tensors exist at a time. An estimate, not calibrated; the trainer peak memory of
+    the GPU check (docs/performance.md) is the figure to compare it with."""
     layer, h = layer_activations(shape, e, seq), shape["hidden"]
-    return n * seq * (shape["layers"] * layer + 4 * h + 2 * e * h + layer // 2)
+    kept = shape["layers"] * e * h + layer if recompute else shape["layers"] * layer
+    return n * seq * (kept + 4 * h + 2 * e * h + layer // 2)
 
 
 def fsdp_gathered(shape, e):
@@ -196,7 +199,7 @@ def micro_batch(cfg):
 def trainer_rows(cfg, shape, seq, rank0=True):
     """[(part, bytes, how)] of rank 0 (rank0=False: another trainer rank, n_trainers > 1: no transport buffers)."""
     e, p, n, t = BYTES[cfg.dtype], shape["params"], micro_batch(cfg), cfg.n_trainers
-    per_token = trainer_activations(shape, e, 1, seq) / seq
+    per_token = trainer_activations(shape, e, 1, seq, cfg.grad_checkpointing) / seq
     split = t if t > 1 and cfg.trainer_parallel == "fsdp" else 1  # fsdp: each rank keeps 1 / n_trainers of them
     of = f", 1/{split} (fsdp shard)" if split > 1 else ""
     rows = [("weights", weights(shape, e) / split, f"{p:,} params x {e} B{of}"),
@@ -210,7 +213,9 @@ def trainer_rows(cfg, shape, seq, rank0=True):
     if rank0:
         rows.append(("weight transport buffers", weights(shape, e), "a flat copy of the weights"))
     return rows + [
-            ("activations", trainer_activations(shape, e, n, seq), f"{n} x {seq} tokens x {per_token / 1e6:.2f} MB"),
+            ("activations", trainer_activations(shape, e, n, seq, cfg.grad_checkpointing),
+             f"{n} x {seq} tokens x {per_token / 1e6:.2f} MB" + (", recomputed per layer" if cfg.grad_checkpointing
+                                                                 else "")),
             ("LM-head chunk", lm_head_chunk(shape, n * seq), f"{min(n * seq, HEAD_CHUNK)} tokens x {shape['vocab']} "
                                                              "vocab x 16 B"),
             ("CUDA context", CONTEXT_GB * GB, "allowance per process")]
@@ -269,6 +274,8 @@ def advice(cfg, shape, prompt_tokens, machine):
     own = dict(machine, mode="own", kind="nccl")
     if machine["mode"] == "shared" and fits(cfg, own):
         found.append(f"{ranks} GPUs (one per rank)")
+    if not cfg.grad_checkpointing and fits(dataclasses.replace(cfg, grad_checkpointing=True)):
+        found.append("grad_checkpointing=true")
     sizes = [m for m in range(micro_batch(cfg) - cfg.K, 0, -cfg.K) if fits(dataclasses.replace(cfg, micro_batch=m))]
     found += [f"micro_batch={sizes[0]}"] if sizes else []
     if machine["engine"] == "vllm" and not cfg.vllm_kv_cache_memory_bytes:
@@ -285,8 +292,10 @@ def advice(cfg, shape, prompt_tokens, machine):
         found.append(f"n_trainers={trainers[0]} trainer_parallel=fsdp ({trainers[0] + cfg.n_searchers} GPUs)")
     if found:
         return "it fits with " + " or ".join(found)
-    title, need = worst(dataclasses.replace(cfg, micro_batch=cfg.K), shape, prompt_tokens, own)
-    return (f"no single change fits: even with a GPU per rank and micro_batch={cfg.K} (= K, the least) the "
+    title, need = worst(dataclasses.replace(cfg, micro_batch=cfg.K, grad_checkpointing=True), shape, prompt_tokens,
+                        own)
+    return (f"no single change fits: even with a GPU per rank, grad_checkpointing=true and micro_batch={cfg.K} (= K, "
+            "the least) the "
             f"{title.split(' (')[0]} needs {need / GB:.1f} GB: use GPUs that size, or lower K or max_new_tokens (a "
             "trainer rank keeps weights, gradients and AdamW states, 1/n_trainers of them with fsdp, and the "
             "activations of a micro-batch on its GPU)")

@@ -24,7 +24,7 @@ import trainer_group
 from buffer import Draw, Sample
 from config import Config, load_config
 from conftest import ROOT, TINY, read_run, start, torchrun
-from learner import Learner
+from learner import Learner, checkpointing
 from policy import load_model, load_tokenizer, token_logprobs
 from test_resilience import kill_rank_1, leftovers, stop_with
 from trainer_group import Command
@@ -94,6 +94,34 @@ def test_every_loss_averaged_over_two_shares_is_the_whole_batchs(tiny_model, los
         grads.append(learner.opt.grads)
     for whole, a, b in zip(*grads):  # float32 sums in another order: equal up to rounding
         assert (whole - (a + b) / 2).abs().max() <= 1e-5 * whole.abs().max(), loss
+
+
+def test_activation_checkpointing_leaves_the_update_unchanged(tiny_model):
+    """grad_checkpointing=true recomputes every decoder layer in the backward pass: the same loss and gradient as
+    without (float32, rel 1e-5), for a batch of several micro-batches."""
+    cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=8)
+    rng = np.random.default_rng(1)
+    prompts = [[1] + rng.integers(4, 100, 5).tolist() for _ in range(cfg.B)]
+    flat = [(gid, Sample(gid, tuple(rng.integers(4, 100, n).tolist()), float(rng.integers(0, 2)),
+                         -rng.random(n).astype(np.float32), -rng.random(n).astype(np.float32), 0, True))
+            for gid in range(cfg.B) for n in rng.integers(2, 9, cfg.K).tolist()]
+    totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
+    runs = []
+    for on in (False, True):
+        run_cfg = dataclasses.replace(cfg, grad_checkpointing=on)
+        model = checkpointing(load_model(tiny_model, "float32", "cpu").train(), run_cfg)
+        assert model.is_gradient_checkpointing == on
+        learner = Learner(run_cfg, None, prompts, model, FakeGroup(model))
+        learner.opt = Capture(model.parameters())
+        saved = []  # the tensors autograd keeps for the backward: the activations, unless recomputed
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
+            done = learner.update(flat, totals, 1)
+        runs.append((done.sums["loss"], learner.opt.grads, sum(saved)))
+    (loss_off, grads_off, saved_off), (loss_on, grads_on, saved_on) = runs
+    assert saved_on < saved_off / 2, (saved_on, saved_off)
+    assert abs(loss_on - loss_off) <= 1e-5 * abs(loss_off)
+    for off, on in zip(grads_off, grads_on):
+        assert (on - off).abs().max() <= 1e-5 * off.abs().max()
 
 
 # ---------------------------------------------------------------- the commands' protocol, no processes
