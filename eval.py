@@ -14,11 +14,12 @@ from config import quiet_known_warnings
 
 quiet_known_warnings()  # before torch loads (policy imports it)
 from policy import encode_prompt  # noqa: E402
-from rewards import warn_task_error  # noqa: E402
+from rewards import Timeout, time_limit, warn_task_error  # noqa: E402
 
 
-def greedy_eval(engine, tok, task, records, max_new_tokens, batch=64):
-    """[(completion, correct)] for each record, generated greedily."""
+def greedy_eval(engine, tok, task, records, max_new_tokens, batch=64, timeout_s=0.0):
+    """[(completion, correct)] for each record, generated greedily; a correct() that raises or runs past timeout_s
+    (0: no limit) counts as wrong."""
     correct_fn = getattr(task, "correct", lambda c, a: task.reward(c, a) >= 1.0)
     out = []
     for start in range(0, len(records), batch):
@@ -27,20 +28,21 @@ def greedy_eval(engine, tok, task, records, max_new_tokens, batch=64):
         for r, gen in zip(chunk, gens):  # gen: this record's one (response_ids, logprobs) pair, in a list
             text = tok.decode(gen[0][0], skip_special_tokens=True)
             try:
-                ok = bool(correct_fn(text, r["answer"]))
-            except Exception:  # a reward function must never end a run
+                with time_limit(timeout_s):
+                    ok = bool(correct_fn(text, r["answer"]))
+            except (Exception, Timeout):  # a reward function must never end (nor hang) a run
                 ok = False
             out.append((text, ok))
     return out
 
 
-def evaluate(engine, tok, task, records, max_new_tokens, evaluator=None):
+def evaluate(engine, tok, task, records, max_new_tokens, evaluator=None, timeout_s=0.0):
     """(rows, totals) for this share of the test set. rows: one dict per record, in order, for eval_stepN.jsonl;
     totals: {metric: [sum, count]}, added up over the searchers by the trainer, which logs eval/<metric> = sum / count.
     Without an evaluator: greedy accuracy. An evaluator that raises (or returns the wrong number of rows) gives no
     metrics this time and a warning, never a crash."""
     if evaluator is None:
-        results = greedy_eval(engine, tok, task, records, max_new_tokens)
+        results = greedy_eval(engine, tok, task, records, max_new_tokens, timeout_s=timeout_s)
         rows = [{"correct": ok, "completion": text} for text, ok in results]
         return rows, {"accuracy": [sum(ok for _, ok in results), len(results)]}
     try:

@@ -207,15 +207,36 @@ def trainers_alive(comm, group):
 # ---------------------------------------------------------------- why the run stops
 
 
+REWARD_WINDOW = 256  # max_reward_errors is judged over at least this many of the latest rewards
+
+
+def failing_rewards(cfg, rounds, n, failed):
+    """A sync round brought n rewards, `failed` of them raised or timed out: `rounds` (the latest rounds' (n, failed),
+    oldest first) keeps the fewest latest rounds that hold REWARD_WINDOW rewards. Returns the line that stops the run
+    when more than max_reward_errors of them failed, else None."""
+    if n:
+        rounds.append((n, failed))
+    while len(rounds) > 1 and sum(r[0] for r in rounds) - rounds[0][0] >= REWARD_WINDOW:
+        rounds.popleft()
+    total, bad = sum(r[0] for r in rounds), sum(r[1] for r in rounds)
+    if cfg.max_reward_errors < 1 and total >= REWARD_WINDOW and bad > cfg.max_reward_errors * total:
+        return (f"the task's rewards keep failing: {bad} of the latest {total} raised or timed out "
+                f"(max_reward_errors = {cfg.max_reward_errors}; the warnings above say why)")
+    return None
+
+
 def stop_reason(cfg, state, signalled, row):
-    """After a trainer step: a Stop for a signal or for max_bad_steps updates in a row skipped for a non-finite loss
-    or gradient, or None to go on."""
+    """After a trainer step: a Stop for a signal, for max_bad_steps updates in a row skipped for a non-finite loss
+    or gradient, or for rewards that keep failing; None to go on."""
     if signalled:
         return Stop(f"stopped by {signalled[0]}", 128 + signal.Signals[signalled[0]])  # torchrun's agent decides
     if state.bad_in_a_row >= cfg.max_bad_steps:
         return Stop(f"{cfg.max_bad_steps} updates in a row had a non-finite loss or gradient (last: step "
                     f"{state.step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped",
                     retry=False)
+    failing = failing_rewards(cfg, state.reward_rounds, 0, 0)
+    if failing:
+        return Stop(failing, retry=False)
     return None
 
 

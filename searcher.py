@@ -24,32 +24,40 @@ from buffer import Sample
 from engine import make_engine, position_limit
 from eval import evaluate
 from policy import encode_prompt, fit_new_tokens, load_model, longest_prompt, token_logprobs
-from rewards import warn_task_error
+from rewards import Timeout, time_limit, warn_task_error
 
 
-def score(task, text, answer, stats):
-    """The task's reward; a reward function that raises counts as 0 with a warning (the first few times) and a
-    counter (search/reward_errors), never a crash."""
+def score(task, text, answer, stats, limit):
+    """The task's reward; a reward function that raises or runs past `limit` seconds counts as 0 with a warning (the
+    first few times) and the counters search/reward_errors (and search/reward_timeouts), never a crash or a hang."""
     try:
-        return float(task.reward(text, answer))
-    except Exception as e:
-        stats["reward_errors"] += 1  # cumulative over the run
-        warn_task_error("reward", e, f"completion {text[:80]!r}", "counted as 0 (search/reward_errors)")
+        with time_limit(limit):
+            return float(task.reward(text, answer))
+    except (Exception, Timeout) as e:
+        failed(stats, 1, e, "reward", f"completion {text[:80]!r}")
         return 0.0
 
 
-def score_batch(scorer, prompts, texts, records, finished, stats):
-    """The task's batched scorer (make_scorer); a batch that raises (or returns the wrong number of rewards) counts
-    as 0 for every sample in it, with a warning (the first few times) and the search/reward_errors counter."""
+def score_batch(scorer, prompts, texts, records, finished, stats, limit):
+    """The task's batched scorer (make_scorer); a batch that raises, runs past `limit` seconds or returns the wrong
+    number of rewards counts as 0 for every sample in it, with a warning (the first few times) and the counters."""
     try:
-        rewards = [float(r) for r in scorer.score(prompts, texts, records, finished)]
+        with time_limit(limit):
+            rewards = [float(r) for r in scorer.score(prompts, texts, records, finished)]
         if len(rewards) != len(texts):
             raise ValueError(f"{len(rewards)} rewards for {len(texts)} completions")
         return rewards
-    except Exception as e:
-        stats["reward_errors"] += len(texts)  # cumulative over the run
-        warn_task_error("task's scorer", e, f"a batch of {len(texts)}", "counted as 0 (search/reward_errors)")
+    except (Exception, Timeout) as e:
+        failed(stats, len(texts), e, "task's scorer", f"a batch of {len(texts)}")
         return [0.0] * len(texts)
+
+
+def failed(stats, n, error, what, detail):
+    """n rewards failed: counted since the last round (the trainer sums them and stops a run whose rewards keep
+    failing: failures.RewardWatch)."""
+    stats["reward_errors"] += n
+    stats["reward_timeouts"] += n * isinstance(error, Timeout)
+    warn_task_error(what, error, detail, "counted as 0 (search/reward_errors)")
 
 
 _built = {}  # (task, hook) -> the object the task's make_scorer / make_evaluator built in this process
@@ -79,12 +87,13 @@ class Searcher:
     shard: object  # Shard: the prompt ids this searcher visits
     test: list = ()  # this searcher's share of the test set: (id, record) pairs
     device: object = None  # the rank's device, for the task's evaluator
-    stats: dict = dataclasses.field(default_factory=lambda: dict(tokens=0, gen_s=0.0, reward_errors=0))
+    stats: dict = dataclasses.field(default_factory=lambda: dict(tokens=0, gen_s=0.0, reward_errors=0,
+                                                                             reward_timeouts=0))
 
     def make_samples(self, flat):
         """Generated responses -> Samples: scored (the task's per-sample reward, or its batched scorer), with
         reference log-probs. flat: (prompt id, response ids, behaviour log-probs, version, version_tokens) each. Adds
-        to stats' tokens and reward_errors."""
+        to stats' tokens and the reward counters."""
         cfg, tok, task, records = self.cfg, self.tok, self.task, self.records
         logp_ref = []
         with torch.no_grad():
@@ -97,10 +106,11 @@ class Searcher:
         finished = [bool(f[1] and f[1][-1] == tok.eos_token_id) for f in flat]
         scorer = task_hook(task, "make_scorer", cfg, next(self.ref_model.parameters()).device)
         if scorer is None:
-            rewards = [score(task, text, records[f[0]]["answer"], self.stats) for f, text in zip(flat, texts)]
+            rewards = [score(task, text, records[f[0]]["answer"], self.stats, cfg.reward_timeout_s)
+                       for f, text in zip(flat, texts)]
         else:
             rewards = score_batch(scorer, [records[f[0]]["prompt"] for f in flat], texts,
-                                  [records[f[0]] for f in flat], finished, self.stats)
+                                  [records[f[0]] for f in flat], finished, self.stats, cfg.reward_timeout_s)
         samples = [Sample(pid, tuple(resp), reward, logp_behav, lp_ref, version, fin, versions)
                    for (pid, resp, logp_behav, version, versions), lp_ref, reward, fin
                    in zip(flat, logp_ref, rewards, finished)]
@@ -109,7 +119,7 @@ class Searcher:
 
     def search(self, pids, version):
         """One engine.generate call: S samples for each prompt id, labelled with the weights' `version`, made into
-        Samples (make_samples). Adds to stats' tokens, gen_s and reward_errors."""
+        Samples (make_samples). Adds to stats' tokens, gen_s and the reward counters."""
         t0 = time.perf_counter()
         outs = self.engine.generate([self.prompts[p] for p in pids], self.cfg.S, self.cfg.temperature,
                                     self.cfg.max_new_tokens)
@@ -122,7 +132,8 @@ class Searcher:
         """Step 5 of a round: this searcher's share of the test set, as (rows with their test ids, totals)."""
         rows, totals = evaluate(self.engine, self.tok, self.task, [record for _, record in self.test],
                                 self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens,
-                                task_hook(self.task, "make_evaluator", self.cfg, self.device))
+                                task_hook(self.task, "make_evaluator", self.cfg, self.device),
+                                self.cfg.reward_timeout_s)
         return [{"id": i, **r} for (i, _), r in zip(self.test, rows)], totals
 
 
@@ -353,10 +364,14 @@ def run(cfg, comm, ctx):
     test_share = [(i, ctx.test[i]) for i in range(rank - 1, len(ctx.test), n_searchers)]
     searcher = Searcher(cfg, engine, ref_model, ctx.tok, ctx.task, ctx.train, prompts, shard, test_share, ctx.device)
     strategy, stats = strategy_for(searcher, rank), searcher.stats
+    if hasattr(ctx.task, "warm_up"):  # e.g. a helper process to start: before the first reward, without its limit
+        ctx.task.warm_up()
     # prompt visits per round before this searcher waits for the next round: in synchronous mode exactly its share of
-    # the batch; in async mode max_prompts_per_round (0 = no cap). It waits for the first round before generating in
-    # synchronous mode and after a resume (that round brings the checkpoint's weights).
-    limit = cfg.B // n_searchers if not cfg.asynchronous else (cfg.max_prompts_per_round or float("inf"))
+    # the batch (B / n_searchers; the first B % n_searchers searchers take one more); in async mode
+    # max_prompts_per_round (0 = no cap). It waits for the first round before generating in synchronous mode and
+    # after a resume (that round brings the checkpoint's weights).
+    share = cfg.B // n_searchers + (rank - 1 < cfg.B % n_searchers)
+    limit = share if not cfg.asynchronous else (cfg.max_prompts_per_round or float("inf"))
     budget = 0 if not cfg.asynchronous or ctx.resume else limit  # prompt visits left to start before the next round
     while True:
         if not cfg.asynchronous and budget > 0:  # synchronous mode joins a round only with its whole share generated
@@ -371,10 +386,11 @@ def run(cfg, comm, ctx):
         samples, place = strategy.hand_over()
         if flags & sync.Flag.WEIGHTS:  # the weights after trainer step `step`, or step - D with weight_delay = D
             strategy.new_weights(max(step - cfg.weight_delay, 0))
-        report = sync.Report(samples, stats["tokens"], stats["gen_s"], stats["reward_errors"], place)
+        report = sync.Report(samples, stats["tokens"], stats["gen_s"], stats["reward_errors"],
+                             stats["reward_timeouts"], place)
         sync.searcher_round(comm, transport, flags, report, engine, ref_model, prompts[0], searcher.evaluate_share)
         budget = limit
-        stats.update(tokens=0, gen_s=0.0)
+        stats.update(tokens=0, gen_s=0.0, reward_errors=0, reward_timeouts=0)
         if flags & sync.Flag.STOP:
             break
     transport.close()

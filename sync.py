@@ -53,7 +53,8 @@ class Report(NamedTuple):
     samples: list  # buffer.Sample: the trajectories generated since the last round
     tokens: int  # response tokens generated since the last round
     gen_s: float  # seconds spent generating and scoring them
-    reward_errors: int  # rewards that raised, over the whole run
+    reward_errors: int  # rewards that raised or timed out since the last round
+    reward_timeouts: int  # of those, the ones that timed out
     place: ShardPlace
 
 

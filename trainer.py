@@ -48,7 +48,7 @@ def train_step(cfg, state, learner, step):
 # ---------------------------------------------------------------- the trainer's side of a sync round (sync.py)
 
 
-def gather(comm, state, step, flags, announced=False):
+def gather(cfg, comm, state, step, flags, announced=False):
     """Round steps 0-1: the searchers' trajectories into the buffer, their shard places kept for checkpoints.
     Returns the round's search metrics."""
     gathered = sync.trainer_gather(comm, step, flags, announced)
@@ -61,7 +61,9 @@ def gather(comm, state, step, flags, announced=False):
     row = {"sync/seconds": gathered.seconds, "sync/samples": len(samples), "sync/new_samples": new,
            "sync/replay_ratio": state.trained / max(state.generated, 1),
            "search/tokens_per_s": tokens / gen_s if gen_s else 0.0,
-           "search/reward_errors": sum(r.reward_errors for r in gathered.reports)}
+           "search/reward_errors": sum(r.reward_errors for r in gathered.reports),
+           "search/reward_timeouts": sum(r.reward_timeouts for r in gathered.reports)}
+    failures.failing_rewards(cfg, state.reward_rounds, len(samples), row["search/reward_errors"])
     if samples:
         row["search/reward_mean"] = sum(s.reward for s in samples) / len(samples)
     return row
@@ -115,7 +117,7 @@ def wait_for_fresh(cfg, comm, state, signalled):
             raise failures.stop_reason(cfg, state, signalled, {})
         if cfg.time_budget_min and state.timers.elapsed() / 60 > cfg.time_budget_min:
             break
-        if gather(comm, state, state.step, Flag.NONE)["sync/samples"]:
+        if gather(cfg, comm, state, state.step, Flag.NONE)["sync/samples"]:
             last_sample = time.perf_counter()
         elif time.perf_counter() - last_sample > cfg.timeout_s:
             raise Stop(f"the searchers sent no sample for timeout_s = {cfg.timeout_s} s while max_reuse = "
@@ -135,13 +137,14 @@ def one_step(cfg, comm, transport, state, learner, step, signalled):
     evaluate = last or bool(cfg.eval_every and step % cfg.eval_every == 0)
     flags = sync.flags_for(cfg, step, state.ref_version, evaluate=evaluate, stop=last)
     if not cfg.asynchronous:  # exactly the data of the current weights, then the new weights out
-        row = runlog.joined(gather(comm, state, step, flags), train_step(cfg, state, learner, step))
+        row = runlog.joined(gather(cfg, comm, state, step, flags), train_step(cfg, state, learner, step))
         row = runlog.joined(row, push(cfg, comm, transport, state, learner, step, flags))
     elif step % cfg.k == 0 or evaluate:
         # announced before this step trains, so the searchers finish their generation chunks meanwhile and
         # wait in the gather when it is done
         sync.announce(comm, step, flags)
-        row = runlog.joined(train_step(cfg, state, learner, step), gather(comm, state, step, flags, announced=True))
+        row = runlog.joined(train_step(cfg, state, learner, step),
+                            gather(cfg, comm, state, step, flags, announced=True))
         row = runlog.joined(row, push(cfg, comm, transport, state, learner, step, flags))
     else:
         row = train_step(cfg, state, learner, step)
@@ -192,13 +195,14 @@ def run(cfg, comm, ctx):
     try:
         # start: the checkpoint's weights to the searchers (they wait for them), or the start-of-run evaluation
         flags = sync.flags_for(cfg, start, state.ref_version) if ctx.resume else Flag.EVAL
-        row = runlog.joined(gather(comm, state, start, flags), push(cfg, comm, transport, state, learner, start, flags))
+        row = runlog.joined(gather(cfg, comm, state, start, flags),
+                            push(cfg, comm, transport, state, learner, start, flags))
         if not ctx.resume:
             state.eval_start = dict(state.last_eval)
             log.log(0, row)
             state.timers.eval_s = 0.0  # counts evaluation inside the training loop only
         while cfg.asynchronous and len(state.buffer) < cfg.initial_buffer:  # rounds that only gather
-            gather(comm, state, start, Flag.NONE)
+            gather(cfg, comm, state, start, Flag.NONE)
         state.timers.start_loop()
         saved_at = time.monotonic()  # save_minutes counts from here
         pbar = tqdm(range(start + 1, cfg.steps + 1), initial=start, total=cfg.steps, disable=not cfg.progress,

@@ -24,13 +24,25 @@ that, and a task without them works exactly as above:
             summary.json's eval_start / eval_end), so a metric is any ratio of additive totals: a mean over records,
             or e.g. a mean over pairs. Greedy accuracy is the same with totals {"accuracy": [correct, n]}.
 
+and one more optional hook for any task:
+
+    warm_up() -> None                            called once per searcher before its first reward, without the time
+                                                 limit below: start helper processes, load what the rewards need
+
+Time limit: every reward() call, every scorer.score() batch and every correct() at evaluation runs under
+reward_timeout_s (time_limit below); a call past it counts as a failed reward (0, search/reward_timeouts). A run whose
+rewards keep failing (more than max_reward_errors of the last REWARD_WINDOW) stops with one line (failures.py).
+
 hf.py holds the Hugging Face model helpers those two tasks share (it is not a task).
 """
+import contextlib
 import importlib
 import importlib.util
 import json
 import os
+import signal
 import sys
+import threading
 
 
 class DataError(Exception):
@@ -38,6 +50,30 @@ class DataError(Exception):
 
 
 task_errors = {}  # what raised -> how many times, in this process
+
+
+class Timeout(BaseException):
+    """A task's call ran past its time limit. A BaseException, so that a task's own `except Exception` cannot
+    swallow it."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    """Raise Timeout in the code inside after `seconds` (SIGALRM; 0: no limit). Only in the main thread (elsewhere no
+    limit applies). Python code stops between two bytecodes; one C call that holds the GIL stops when it returns."""
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expire(signum, frame):
+        raise Timeout(f"took longer than {seconds:g} s")
+    before = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def warn_task_error(what, error, detail, consequence):

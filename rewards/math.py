@@ -15,7 +15,8 @@ math-verify's own timeouts use signal.alarm, which works only in the main thread
 `parse` and `verify` run with those timeouts off, in a helper process (one per process that calls reward(), started
 on first use, one check at a time) that is killed and replaced when a check takes longer than CHECK_TIMEOUT_S (sympy
 can take forever on inputs like 9^{9^{9}}). So reward() works from any thread or process, never hangs and never
-raises on any completion.
+raises on any completion. The helper starts in warm_up() (a searcher calls it before its first reward, outside the
+reward time limit) or at the first check.
 """
 import atexit
 import functools
@@ -125,17 +126,24 @@ class Checker:
             self.proc.wait()
         self.proc = None
 
+    def ready(self):
+        """The helper started in this process (a forked child must not share its parent's helper)."""
+        if self.proc is None or self.pid != os.getpid() or self.proc.poll() is not None:
+            self.proc = None
+            self.start()
+
     def equal(self, pred, gold):
         with self.lock:
-            if self.proc is None or self.pid != os.getpid() or self.proc.poll() is not None:
-                self.proc = None  # a forked child must not share its parent's helper
-                self.start()
+            self.ready()
             try:
                 self.proc.stdin.write(json.dumps([pred, gold]).encode() + b"\n")
                 self.proc.stdin.flush()
                 line = self.read(CHECK_TIMEOUT_S)
             except OSError:  # the helper died
                 line = None
+            except BaseException:  # the caller's time limit (rewards.Timeout): its answer must not answer the next
+                self.stop()
+                raise
             if line not in (b"1\n", b"0\n"):  # too slow or dead: the next check starts a fresh helper
                 self.stop()
                 return False
@@ -144,6 +152,13 @@ class Checker:
 
 _checker = Checker()
 atexit.register(_checker.stop)
+
+
+def warm_up():
+    """The task hook a searcher calls before its first reward, outside reward_timeout_s: the helper's start (importing
+    sympy and math-verify) can take far longer than a check."""
+    with _checker.lock:
+        _checker.ready()
 
 
 @functools.lru_cache(maxsize=4096)

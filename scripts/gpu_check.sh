@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# The first thing to run on a new GPU node: bash scripts/gpu_check.sh (under 5 minutes on one node).
+# The first thing to run on a new GPU node: bash scripts/gpu_check.sh (under 10 minutes on one node).
 # It checks every layout the node allows: with 2+ GPUs "own" (a GPU per rank, weights by NCCL) and "shared" (every rank
 # on one GPU, CUDA IPC); with 1 GPU shared only; without a GPU a CPU dry run (gloo, tiny model only). Per layout:
 #  1. weight transport alone (scripts/check_transport.py): 5 pushes of the 1.1B shape (CPU: tiny), bit-exact, timed
 #  2. train.py, trainer + 1 searcher, 4 steps, check_sync=true, for the tiny model (assets/tiny-arith/sft) and a
 #     TinyLlama-1.1B-shaped model (random bf16 weights built here, no download); engine vllm if it imports, else hf
-# and once: 3. a bare forward+backward+AdamW of one micro-batch, the MFU the loop is compared with.
+#  3. faults (scripts/kill_check.py): the searcher SIGKILLed at step 3 of a run with max_restarts=1 must heal (one
+#     restart, every step logged once); with a GPU per rank for 3+ ranks (and on CPU) a trainer rank of n_trainers=2
+#     SIGKILLed must end the job within 150 s naming it, though rank 0 waits in a collective (NCCL: the watchdog)
+# and once: 4. a bare forward+backward+AdamW of one micro-batch, the MFU the loop is compared with.
 # Prints one PASS/FAIL table (probe match, sync and push seconds, MFU, trainer and searcher tokens/s, peak memory; by
 # scripts/gpu_check_table.py) and exits 1 when a check failed. Every step has a timeout, all share BUDGET_S seconds.
 # Env: OUT (results, logs: out/gpu_check), PY (python3), SHAPE (all | tiny | 1b; CPU: tiny), ENGINE (vllm | hf),
-#      PEAK_TFLOPS (790, the H200's measured bf16 peak: set yours for the MFU), BUDGET_S (300).
+#      PEAK_TFLOPS (790, the H200's measured bf16 peak: set yours for the MFU), BUDGET_S (540).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-out/gpu_check}; PY=${PY:-python3}; BUDGET_S=${BUDGET_S:-300}; PEAK_TFLOPS=${PEAK_TFLOPS:-790}
+OUT=${OUT:-out/gpu_check}; PY=${PY:-python3}; BUDGET_S=${BUDGET_S:-540}; PEAK_TFLOPS=${PEAK_TFLOPS:-790}
 mkdir -p "$OUT"; : > "$OUT/checks.tsv"
 export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 START=$SECONDS; PORT=$((29500 + RANDOM % 400))
@@ -86,6 +89,17 @@ for LAYOUT in $LAYOUTS; do
       out_dir="$OUT/$LAYOUT-$M" model="$MODEL" dtype=$DTYPE engine=$ENGINE weight_transport=$WT peak_tflops=$PEAK \
       $STEPS $EXTRA
   done
+  KILL="model=assets/tiny-arith/sft dtype=$DTYPE engine=$ENGINE weight_transport=$WT n_test=8 eval_every=0
+    time_budget_min=0 timeout_s=120"
+  check "$LAYOUT-kill-searcher" kill "$OUT/$LAYOUT-kill-searcher.json" 240 env CUDA_VISIBLE_DEVICES=$CVD \
+    $PY scripts/kill_check.py --out "$OUT/$LAYOUT-kill-searcher" --rank 1 --at-step 3 --expect heal \
+    --json "$OUT/$LAYOUT-kill-searcher.json" -- $KILL n_searchers=1 steps=10
+  if [ "$LAYOUT" = cpu ] || { [ "$LAYOUT" = own ] && [ ${#G[@]} -ge 3 ]; }; then
+    [ "$LAYOUT" = own ] && CVD=${G[0]},${G[1]},${G[2]}
+    check "$LAYOUT-kill-trainer" kill "$OUT/$LAYOUT-kill-trainer.json" 240 env CUDA_VISIBLE_DEVICES=$CVD \
+      $PY scripts/kill_check.py --out "$OUT/$LAYOUT-kill-trainer" --rank 1 --at-step 3 --expect stop --deadline 150 \
+      --json "$OUT/$LAYOUT-kill-trainer.json" -- $KILL n_trainers=2 n_searchers=1 steps=100000
+  fi
 done
 
 BARE=tiny; BARE_MODEL=assets/tiny-arith/sft; [ "$TSHAPE" = tinyllama ] && BARE=1b && BARE_MODEL=$OUT/model_1b

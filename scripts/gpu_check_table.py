@@ -2,10 +2,11 @@
 
     python scripts/gpu_check_table.py OUT/checks.tsv        exit 0: every check passed, 1: one failed
 
-Each line of checks.tsv: case, kind (train | transport | bare), exit status, result path, log path (tab-separated).
+Each line of checks.tsv: case, kind (train | transport | bare | kill), exit status, result path, log path (tab-separated).
   train:     the run's out_dir; PASS when it exited 0, wrote summary.json, and every sync/probe_match is 1.0
   transport: scripts/check_transport.py's json; PASS when it exited 0 and the push was verified bit for bit
   bare:      the bare forward+backward json; PASS when it exited 0
+  kill:      scripts/kill_check.py's json; PASS when the job healed or stopped as expected, leaving no process
 """
 import json
 import os
@@ -76,6 +77,14 @@ def bare_row(rc, path):
                   "peak GB": f"{res['peak_memory_gb']:.1f}" if res.get("peak_memory_gb") else "-"}, res["what"]
 
 
+def kill_row(rc, path):
+    res = json.load(open(path)) if os.path.exists(path) else {}
+    if not res:
+        return False, {}, f"exit {rc}" + (" (timeout)" if rc in (124, 137) else "")
+    after = f"; exit {res['seconds_to_exit']} s after the kill" if "seconds_to_exit" in res else ""
+    return bool(res["passed"]), {}, res["note"][:100] + after
+
+
 def main(checks_file):
     table, failed = [], 0
     for line in open(checks_file):
@@ -83,7 +92,8 @@ def main(checks_file):
             continue
         case, kind, rc, path, log = line.rstrip("\n").split("\t")
         try:
-            ok, figures, note = {"train": train_row, "transport": transport_row, "bare": bare_row}[kind](int(rc), path)
+            ok, figures, note = {"train": train_row, "transport": transport_row, "bare": bare_row,
+                                "kill": kill_row}[kind](int(rc), path)
         except Exception as e:  # an unreadable result is a failed check, not a crash of the table
             ok, figures, note = False, {}, f"unreadable result: {type(e).__name__}: {e}"[:100]
         if not ok:

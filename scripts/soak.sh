@@ -10,7 +10,7 @@ set -u
 cd "$(dirname "$0")/.."
 out=${1:-out/soak}; kills=${2:-10}; interval=${3:-60}; steps=${4:-1500}
 PY=.venv/bin/python; [ -x "$PY" ] || PY=python3
-rm -rf "$out" "$out.log"
+rm -rf "$out" "$out.log"; mkdir -p "$(dirname "$out")"
 last_step() { [ -s "$out/metrics.jsonl" ] && tail -n 1 "$out/metrics.jsonl" | "$PY" -c \
   "import json,sys; print(json.loads(sys.stdin.read() or '{\"step\": 0}')['step'])" 2>/dev/null || echo 0; }
 rank_pid() {  # the pid of the job's worker with RANK=$1 (the workers are children of torchrun's agent, $job)

@@ -35,7 +35,6 @@ def test_overrides_and_types():
     (["micro_batch=12", "K=8"], "must be a multiple of K"),
     (["engine=tgi"], "'engine' must be one of"),
     (["nonsense"], "expected key=value"),
-    (["async=false", "B=7", "n_searchers=2"], "B (7) must be a multiple of n_searchers (2)"),
     (["max_bad_steps=0"], "'max_bad_steps' must be >= 1"),
     (["searcher_nice=20"], "'searcher_nice' must be in [0, 19], got 20"),
     (["eval_temperature=-1"], "'eval_temperature' must be >= 0"),

@@ -361,3 +361,23 @@ def test_gpu_check_table_passes_a_matching_probe_and_fails_any_other(tmp_path):
     assert table([], transport_rc=0).returncode == 1  # no probe at all is no check
     crashed = table([1.0], transport_rc=124)
     assert crashed.returncode == 1 and "own-transport | FAIL" in crashed.stdout and "(timeout)" in crashed.stdout
+
+
+def test_gpu_check_table_judges_a_fault_check_by_its_result(tmp_path):
+    """A kill row passes only when kill_check.py's json says so; a missing json (the check timed out) fails."""
+    healed, hung = tmp_path / "healed.json", tmp_path / "hung.json"
+    healed.write_text('{"passed": true, "note": "healed: 1 restart, steps 0..10 logged once, 0 redone", '
+                      '"seconds_to_exit": 18.5}')
+    hung.write_text('{"passed": false, "note": "the job was still running 150 s after the kill"}')
+    checks = tmp_path / "checks.tsv"
+
+    def table(*rows):
+        checks.write_text("".join(f"{case}\tkill\t{rc}\t{path}\t{tmp_path}/x.log\n" for case, rc, path in rows))
+        return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check_table.py"), str(checks)],
+                              capture_output=True, text=True, timeout=30)
+
+    ok = table(("own-kill-searcher", 0, healed))
+    assert ok.returncode == 0 and "healed: 1 restart" in ok.stdout and "exit 18.5 s after the kill" in ok.stdout
+    bad = table(("own-kill-searcher", 0, healed), ("own-kill-trainer", 1, hung), ("x", 124, tmp_path / "none"))
+    assert bad.returncode == 1 and "2 FAILED" in bad.stdout and "still running 150 s" in bad.stdout
+

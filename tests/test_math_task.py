@@ -66,6 +66,18 @@ def test_pathological_answer_times_out_and_the_checker_recovers(monkeypatch):
     assert task.reward("\\boxed{0.5}", "\\frac{1}{2}") == 1.0  # a fresh helper took over
 
 
+def test_the_framework_time_limit_never_leaves_a_stale_answer_for_the_next_check():
+    """warm_up starts the helper outside any limit; a check cut off by reward_timeout_s (rewards.time_limit) while
+    the helper computes must not leave its late answer to be read as the next check's."""
+    from rewards import Timeout, time_limit
+    task.warm_up()
+    assert task._checker.proc is not None and task._checker.proc.poll() is None
+    with pytest.raises(Timeout):
+        with time_limit(0.5):
+            task.reward("\\boxed{9^{9^{9}}}", "1")  # sympy takes far longer than 0.5 s
+    assert task.reward("\\boxed{0.5}", "\\frac{1}{2}") == 1.0 and task.reward("\\boxed{3}", "4") == 0.0
+
+
 def test_reward_from_a_thread():
     """math-verify's own timeouts (signal.alarm) raise outside the main thread; ours must not."""
     task._checker.stop()  # the helper process starts from the thread

@@ -1,4 +1,5 @@
 """Surviving long runs: resume after a kill, dead and stuck searchers, non-finite updates, interrupted saves."""
+import collections
 import dataclasses
 import json
 import os
@@ -201,28 +202,47 @@ def test_checkpoints_by_the_clock(tiny_model, tmp_path):
 
 
 def test_max_restarts_heals_a_killed_searcher_and_the_log_stays_contiguous(tiny_model, tmp_path):
-    """launch.sh with max_restarts=1: a searcher killed mid-run costs one restart of the job, which resumes from the
-    checkpoint saved at the failure; the run ends normally with every step logged exactly once."""
-    out = tmp_path / "run"
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    """scripts/kill_check.py (gpu_check.sh's fault check) on CPU: launch.sh with max_restarts=1; a searcher SIGKILLed
+    at step 5 costs one restart of the job, which resumes from the checkpoint saved at the failure (no step redone);
+    the run ends normally with every step logged exactly once, and nothing is left running."""
+    out, result = tmp_path / "run", tmp_path / "kill.json"
+    p = subprocess.run([sys.executable, "scripts/kill_check.py", "--out", str(out), "--rank", "1", "--at-step", "5",
+                        "--expect", "heal", "--json", str(result), "--", "engine=hf", "steps=40", "n_test=8",
+                        "time_budget_min=0"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    res = json.loads(result.read_text())
+    log = open(res["log"]).read()
+    assert p.returncode == 0 and res["passed"], p.stdout + log[-3000:]
+    assert res["restarts"] == 1 and res["steps_redone"] == 0 and res["rc"] == 0
+    assert "searcher rank 1 (pid" in log and "restart 1 of 1: resuming" in log
+    rows, summary = read_run(out)
+    assert [r["step"] for r in rows] == list(range(41)) and summary["steps"] == 40 and summary["resumed_from"]
+
+
+def test_the_grace_after_sigterm_fits_a_step_longer_than_torchruns_default(tiny_model, tmp_path):
+    """launch.sh gives the ranks TORCH_ELASTIC_SHUTDOWN_TIMEOUT = 300 s from SIGTERM to SIGKILL: a job signalled while
+    a step takes 40 s (torchrun's own default grace: 30 s) still finishes that step and saves it."""
+    out, marker = tmp_path / "run", tmp_path / "slow"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SLOW_STEP=str(marker))
+    env.pop("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", None)
     job = subprocess.Popen(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={out}",
-                            "engine=hf", "steps=40", "n_test=8", "max_restarts=1", "progress=false",
-                            "time_budget_min=0"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            "engine=hf", "steps=1000", "n_test=8", "progress=false", "time_budget_min=0",
+                            f"loss={os.path.join(ROOT, 'tests', 'losses', 'slow_once.py')}"], cwd=ROOT, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
-        wait_for(lambda: os.path.exists(out / "metrics.jsonl") and len((out / "metrics.jsonl").read_text()
-                                                                       .splitlines()) >= 6, 600, job, "steps")
-        victim = workers(job)[1]
-        os.kill(victim, signal.SIGKILL)
-        output, _ = job.communicate(timeout=600)
+        wait_for(lambda: os.path.exists(out / "metrics.jsonl"), 600, job, "a step")
+        marker.touch()
+        wait_for(lambda: os.path.exists(str(marker) + ".started"), 60, job, "the slow step")
+        t0 = time.time()
+        os.kill(job.pid, signal.SIGTERM)  # launch.sh execs torchrun's agent: what a scheduler signals
+        output, _ = job.communicate(timeout=300)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    assert job.returncode == 0, output[-3000:]
-    assert f"searcher rank 1 (pid {victim}) died" in output and "restart 1 of 1: resuming" in output, output[-3000:]
-    rows, summary = read_run(out)
-    assert [r["step"] for r in rows] == list(range(41)) and summary["steps"] == 40, output[-3000:]
-    assert summary["resumed_from"] and leftovers(str(out)) == []
+    assert job.returncode == 143 and time.time() - t0 > 35, output[-3000:]
+    line = [x for x in output.splitlines() if x.startswith("stopped by SIGTERM at step")]
+    step = int(line[0].split("at step ")[1].split(";")[0]) if line else None
+    assert line and os.path.isdir(out / "checkpoints" / f"step_{step}"), output[-3000:]
+    assert checkpoint.latest(str(out / "checkpoints")).endswith(f"step_{step}")
 
 
 def test_a_stop_marked_final_is_not_retried(tmp_path, monkeypatch, capsys):
@@ -276,6 +296,30 @@ def test_non_finite_rewards_in_asynchronous_mode_never_crash_a_draw(tiny_model, 
     assert summary["steps"] == 6 and [r["step"] for r in rows] == list(range(7))
 
 
+def test_rewards_that_hang_are_cut_off_and_rewards_that_keep_failing_stop_the_run(tiny_model, tmp_path):
+    """Each searcher's reward hangs at its 50th and 100th call and raises from its 129th on (32 calls per searcher
+    per step in synchronous mode). Steps 1-4 go on with the two hangs of each searcher cut off after reward_timeout_s;
+    from step 5 every reward fails, and after step 6 more than half of the latest 256 have failed (130): the run stops
+    with one line, a checkpoint, and the mark that keeps a restart from repeating it."""
+    out = str(tmp_path / "run")
+    task = f"task={os.path.join(ROOT, 'tests', 'tasks', 'failing_reward.py')}"
+    job = start(HF_SYNC + [task, "steps=20", "reward_timeout_s=1"], out, env={"HANG_EVERY": "50", "FAIL_AFTER": "128"})
+    try:
+        output, _ = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode == 1, output[-3000:]
+    rows = {r["step"]: r for r in map(json.loads, open(os.path.join(out, "metrics.jsonl")))}
+    assert sorted(rows) == list(range(7)), output[-3000:]
+    assert [rows[s]["search/reward_timeouts"] for s in range(1, 7)] == [0, 2, 0, 2, 0, 0]
+    assert [rows[s]["search/reward_errors"] for s in range(1, 7)] == [0, 2, 0, 2, 64, 64]
+    line = [x for x in output.splitlines() if x.startswith("error: the task's rewards keep failing")]
+    assert line and "130 of the latest 256 raised or timed out" in line[0], output[-3000:]
+    assert "checkpoint " in line[0] and os.path.isdir(os.path.join(out, "checkpoints", "step_6"))
+    assert open(os.path.join(out, failures.FINAL)).read().startswith("1 error: the task's rewards keep failing")
+
+
 class SilentSearchers:
     """comm for rank 0 with searchers that join every round and send nothing."""
     rank, world, rounds = 0, 3, 0
@@ -288,12 +332,12 @@ class SilentSearchers:
 
     def gather_object(self, obj):
         time.sleep(0.01)
-        return [None] + [sync.Report([], 0, 0.0, 0, None)] * 2
+        return [None] + [sync.Report([], 0, 0.0, 0, 0, None)] * 2
 
 
 def waiting_state():
     return types.SimpleNamespace(buffer=ReplayBuffer(Config()), trained=64, generated=32, step=5, places={},
-                                 timers=runlog.Timers(), bad_in_a_row=0)
+                                 timers=runlog.Timers(), bad_in_a_row=0, reward_rounds=collections.deque())
 
 
 def test_waiting_for_fresh_samples_ends_on_silence_a_signal_or_the_time_budget():

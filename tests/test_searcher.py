@@ -1,7 +1,9 @@
 """A searcher's pieces without processes: its prompt shard (and the place a checkpoint keeps), and rewards that raise."""
+import time
+
 import torch
 
-from searcher import Shard, score
+from searcher import Shard, score, score_batch
 
 
 class NoRngEngine:
@@ -42,8 +44,38 @@ def test_a_raising_reward_counts_zero_with_a_warning(capsys):
         @staticmethod
         def reward(text, answer):
             raise ZeroDivisionError("boom")
-    stats = dict(reward_errors=0)
-    assert [score(Task, "weird text", "#### 1", stats) for _ in range(5)] == [0.0] * 5
-    assert stats["reward_errors"] == 5
+    stats = dict(reward_errors=0, reward_timeouts=0)
+    assert [score(Task, "weird text", "#### 1", stats, 60.0) for _ in range(5)] == [0.0] * 5
+    assert stats["reward_errors"] == 5 and stats["reward_timeouts"] == 0
     err = capsys.readouterr().err
     assert err.count("warning: the reward raised ZeroDivisionError: boom") == 3 and "only counted" in err
+
+
+def test_a_reward_or_scorer_that_hangs_is_cut_off_and_counted(capsys):
+    """A reward past reward_timeout_s counts as 0 (search/reward_timeouts) even when the task catches every
+    Exception itself; a scorer batch the same for each of its completions; a fast call after it is untouched."""
+    class Hangs:
+        @staticmethod
+        def reward(text, answer):
+            try:
+                while True:  # pure Python: a runaway parser
+                    pass
+            except Exception:  # a task's own catch-all must not swallow the time limit
+                return 1.0
+
+    class Sleeps:
+        def score(self, prompts, completions, records, finished):
+            time.sleep(30)
+
+    class Task:
+        reward = staticmethod(lambda text, answer: 0.5)
+
+    stats = dict(reward_errors=0, reward_timeouts=0)
+    t0 = time.perf_counter()
+    assert score(Hangs, "x", "1", stats, 0.3) == 0.0
+    assert score_batch(Sleeps(), ["p"] * 3, ["a"] * 3, [{}] * 3, [True] * 3, stats, 0.3) == [0.0] * 3
+    assert time.perf_counter() - t0 < 3
+    assert stats == dict(reward_errors=4, reward_timeouts=4)
+    assert score(Task, "x", "1", stats, 0.3) == 0.5
+    time.sleep(0.5)  # the limit is disarmed: no stray alarm after a call that finished in time
+    assert "took longer than 0.3 s" in capsys.readouterr().err

@@ -106,3 +106,37 @@ def test_merge_evals_adds_sums_and_counts_over_searchers():
     assert metrics["accuracy"] == pytest.approx(2 / 3) and metrics["win_rate"] == 0.5
     assert math.isnan(metrics["perplexity"])  # counted by nobody
     assert merge_evals([]) == ({}, [])
+
+
+def test_a_searcher_waiting_for_a_round_still_handles_a_signal_at_once():
+    """A C++ store wait is not interrupted by a signal: a searcher blocked in poll() for the next round must wait in
+    slices, so that its SIGTERM handler (leave at once) runs within a slice, not after timeout_s."""
+    import datetime
+    import signal
+    import time
+
+    import torch.distributed as dist
+
+    from comm import WAIT_SLICE_S, Comm
+
+    class Left(Exception):
+        pass
+
+    def leave(signum, frame):
+        raise Left()
+
+    comm = Comm.__new__(Comm)
+    comm.store = dist.TCPStore("127.0.0.1", 0, 1, True, datetime.timedelta(seconds=60))
+    comm.timeout, comm.round, comm.rank = datetime.timedelta(seconds=60), 0, 1
+    before = signal.signal(signal.SIGALRM, leave)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        t0 = time.monotonic()
+        with pytest.raises(Left):
+            comm.poll(block=True)  # no round is ever announced
+        assert time.monotonic() - t0 < 0.3 + WAIT_SLICE_S + 1.0
+        comm.store.set("round/0", "4,1")
+        assert comm.poll(block=True) == (4, 1) and comm.poll() is None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)

@@ -148,8 +148,8 @@ def test_seam_scorer_errors_count_as_zero_with_three_warnings(capsys):
         def score(self, prompts, completions, records, finished):
             return np.array([0.5, -2.0], dtype=np.float32)
 
-    stats = dict(reward_errors=0)
-    args = (["p", "p"], ["a", "b"], [{}, {}], [True, False], stats)
+    stats = dict(reward_errors=0, reward_timeouts=0)
+    args = (["p", "p"], ["a", "b"], [{}, {}], [True, False], stats, 60.0)
     assert searcher.score_batch(Numpy(), *args) == [0.5, -2.0] and stats["reward_errors"] == 0
     for _ in range(4):
         assert searcher.score_batch(Boom(), *args) == [0.0, 0.0]
