@@ -104,6 +104,10 @@ class Config:
                                   "(paper T = 0.7)", gt=0)
     max_new_tokens: int = key(24, "response length cap (paper: 512); with vLLM lowered, with a warning, to what the "
                                   "model's positions leave after the longest prompt", ge=1)
+    logprob_tokens: int = key(16384, "searchers: the reference log-probs (and the HF engine's behaviour log-probs) "
+                                     "go through forward passes of at most this many padded tokens (sequences x the "
+                                     "longest), so a round's sequences never hold their activations at once; memory "
+                                     "knob only", ge=1)
     hf_static_cache: bool = key(True, "HF engine on GPU: a static KV cache, compiled once per input shape, for faster "
                                       "decoding (docs/performance.md); false = transformers' dynamic cache")
     vllm_gpu_memory_utilization: float = key(0.2, "fraction of a GPU the vLLM engines on it take together: with a "

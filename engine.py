@@ -20,7 +20,7 @@ import os
 import numpy as np
 import torch
 
-from policy import load_model, model_positions, token_logprobs, trim_at_eos
+from policy import load_model, model_positions, sequence_logprobs, trim_at_eos
 
 
 def engine_name(requested):
@@ -82,6 +82,7 @@ class HFEngine:
         self.device, self.pad_id, self.eos_id = device, pad_id, eos_id
         self.gen = torch.Generator(device="cpu").manual_seed(seed)
         self.static = device.startswith("cuda") and cfg.hf_static_cache  # a static KV cache: faster decoding
+        self.logprob_tokens = cfg.logprob_tokens
 
     @torch.no_grad()
     def generate(self, prompts, n, temperature, max_new_tokens):
@@ -106,8 +107,7 @@ class HFEngine:
         if greedy:
             logps = [np.zeros(0, dtype=np.float32)] * len(responses)
         else:
-            lp, mask = token_logprobs(self.model, flat_prompts, responses, temperature)
-            logps = [lp[i][mask[i]].float().cpu().numpy() for i in range(len(responses))]
+            logps = sequence_logprobs(self.model, flat_prompts, responses, temperature, self.logprob_tokens)
         pairs = list(zip(responses, logps))
         return [pairs[i * n:(i + 1) * n] for i in range(len(prompts))]
 

@@ -24,7 +24,6 @@ GB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
 PROMPT_TOKENS = 256  # the prompt length assumed when the model's tokenizer and the task's data are not at hand
 HEAD_CHUNK = 2048  # policy.token_logprobs' chunk_tokens: LM-head tokens per checkpointed chunk
-REF_BATCH = 64  # Searcher.make_samples: reference log-probs of 64 sequences at a time
 CONTEXT_GB = 1.0  # per process: CUDA context, cuBLAS / NCCL workspaces, allocator slack (an allowance)
 
 # Shapes of the hub models the configs in configs/ name, for machines without the hub. Source of every number: the
@@ -159,10 +158,11 @@ def lm_head_chunk(shape, tokens):
 
 
 def nograd_forward(shape, e, n_seq, seq):
-    """Peak of a forward without gradients over n_seq x seq tokens (reference log-probs, HF behaviour log-probs):
-    nothing is saved, so one MLP's live tensors (act(gate), up, their product: 3i; 2i without a gate) and ~8h of
-    hidden-sized ones (residual, norm, attention, last hidden state), the KV cache HF keeps (use_cache), the boolean
-    padding mask (n_seq x seq^2) and the LM-head chunk (~12 bytes per logit in forward)."""
+    """Peak of a forward without gradients over n_seq x seq tokens (one pass of policy.sequence_logprobs: reference
+    log-probs, HF behaviour log-probs): nothing is saved, so one MLP's live tensors (act(gate), up, their product:
+    3i; 2i without a gate) and ~8h of hidden-sized ones (residual, norm, attention, last hidden state), the KV cache
+    HF keeps (use_cache), the boolean padding mask (n_seq x seq^2) and the LM-head chunk (~12 bytes per logit in
+    forward)."""
     tokens = n_seq * seq
     h, i = shape["hidden"], shape["intermediate"]
     live = e * ((3 if shape["gated"] else 2) * i + 8 * h) + shape["layers"] * 2 * shape["kv_dim"] * e
@@ -229,14 +229,15 @@ def searcher_rows(cfg, shape, seq, machine, count=1):
         c = cfg.chunk_prompts * cfg.S
         engine = ("HF engine", count * (weights(shape, e) + hf_kv_cache(cfg, shape, e, seq)),
                   f"{x}weights + static KV cache of {c} x {seq} tokens")
-        n_seq = c  # the HF engine's behaviour log-probs take the whole chunk at once
+        n_seq = c  # the HF engine's behaviour log-probs: the chunk's sequences, logprob_tokens at a time
     else:
         budget = vllm_budget(cfg, shape, e, machine["gpu_bytes"], engines)
         how = (f"{x}KV cache bytes + weights" if cfg.vllm_kv_cache_memory_bytes else
                f"vllm_gpu_memory_utilization {cfg.vllm_gpu_memory_utilization:g} of the GPU"
                + (f", {count} engines" if count > 1 else ""))
         engine = ("vLLM engine" + ("s" if count > 1 else ""), count * budget, how)
-        n_seq = min(REF_BATCH, cfg.chunk_prompts * cfg.S)
+        n_seq = cfg.chunk_prompts * cfg.S
+    n_seq = min(n_seq, max(1, cfg.logprob_tokens // seq))  # policy.sequence_logprobs: one pass at a time
     receive = 0 if machine["kind"] == "ipc" else weights(shape, e)
     return [("reference model" + ("s" if count > 1 else ""), count * weights(shape, e), f"{x}a frozen copy"),
             engine,

@@ -119,6 +119,32 @@ def trim_at_eos(ids, eos_id):
     return ids[: ids.index(eos_id) + 1] if eos_id in ids else ids
 
 
+def token_batches(lengths, budget):
+    """Sequence indices in order, cut into batches whose size x longest length stays within `budget` padded tokens
+    (one sequence at least)."""
+    batches, current, longest = [], [], 0
+    for i, n in enumerate(lengths):
+        if current and (len(current) + 1) * max(longest, n) > budget:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, n)
+    return batches + [current] if current else batches
+
+
+@torch.no_grad()
+def sequence_logprobs(model, prompts, responses, temperature, budget):
+    """token_logprobs without gradients, as one float32 numpy array per response, in forward passes of at most
+    `budget` padded tokens (logprob_tokens): the searchers' reference and HF behaviour log-probs never hold the
+    activations of a whole round's sequences at once."""
+    out = [None] * len(responses)
+    for batch in token_batches([len(p) + len(r) for p, r in zip(prompts, responses)], budget):
+        lp, mask = token_logprobs(model, [prompts[i] for i in batch], [responses[i] for i in batch], temperature)
+        for j, i in enumerate(batch):
+            out[i] = lp[j][mask[j]].float().cpu().numpy()
+    return out
+
+
 def token_logprobs(model, prompts, responses, temperature, chunk_tokens=2048):
     """Per-token log pi(y_t | x, y_<t) of each response, with logits / temperature.
 

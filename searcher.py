@@ -23,7 +23,7 @@ import sync
 from buffer import Sample
 from engine import make_engine, position_limit
 from eval import evaluate
-from policy import encode_prompt, fit_new_tokens, load_model, longest_prompt, token_logprobs
+from policy import encode_prompt, fit_new_tokens, load_model, longest_prompt, sequence_logprobs
 from rewards import Timeout, time_limit, warn_task_error
 
 
@@ -95,13 +95,8 @@ class Searcher:
         reference log-probs. flat: (prompt id, response ids, behaviour log-probs, version, version_tokens) each. Adds
         to stats' tokens and the reward counters."""
         cfg, tok, task, records = self.cfg, self.tok, self.task, self.records
-        logp_ref = []
-        with torch.no_grad():
-            for s in range(0, len(flat), 64):
-                part = flat[s : s + 64]
-                lp, mask = token_logprobs(self.ref_model, [self.prompts[f[0]] for f in part], [f[1] for f in part],
-                                          cfg.temperature)
-                logp_ref += [lp[i][mask[i]].float().cpu().numpy() for i in range(len(part))]
+        logp_ref = sequence_logprobs(self.ref_model, [self.prompts[f[0]] for f in flat], [f[1] for f in flat],
+                                     cfg.temperature, cfg.logprob_tokens)
         texts = [tok.decode(f[1], skip_special_tokens=True) for f in flat]
         finished = [bool(f[1] and f[1][-1] == tok.eos_token_id) for f in flat]
         scorer = task_hook(task, "make_scorer", cfg, next(self.ref_model.parameters()).device)

@@ -79,3 +79,22 @@ def test_a_reward_or_scorer_that_hangs_is_cut_off_and_counted(capsys):
     assert score(Task, "x", "1", stats, 0.3) == 0.5
     time.sleep(0.5)  # the limit is disarmed: no stray alarm after a call that finished in time
     assert "took longer than 0.3 s" in capsys.readouterr().err
+
+
+def test_log_probs_in_token_budgeted_passes_equal_one_pass(tiny_model):
+    """policy.sequence_logprobs cuts a round's sequences into passes of at most logprob_tokens padded tokens (size x
+    longest, one sequence at least, order kept); the log-probs are those of one pass over all of them."""
+    import numpy as np
+
+    from policy import load_model, sequence_logprobs, token_batches
+    assert token_batches([5, 5, 9, 3, 20, 2], 18) == [[0, 1], [2, 3], [4], [5]]
+    assert token_batches([4, 4], 1) == [[0], [1]] and token_batches([], 8) == []
+    model = load_model(tiny_model, "float32", "cpu").eval()
+    rng = np.random.default_rng(0)
+    prompts = [[1] + rng.integers(4, 100, int(rng.integers(3, 9))).tolist() for _ in range(12)]
+    responses = [rng.integers(4, 100, int(rng.integers(1, 12))).tolist() for _ in range(12)]
+    whole = sequence_logprobs(model, prompts, responses, 0.7, 10**6)
+    parts = sequence_logprobs(model, prompts, responses, 0.7, 40)
+    assert [len(a) for a in whole] == [len(r) for r in responses]
+    for a, b in zip(whole, parts):
+        np.testing.assert_allclose(a, b, atol=1e-5)
