@@ -142,7 +142,8 @@ class Config:
                                "weights", ge=0)
     weight_transport: str = key("auto", "how weights reach the searchers (auto: nccl with a GPU per rank, ipc on a "
                                         "shared GPU, gloo on CPU)", choices=("auto", "gloo", "nccl", "ipc"))
-    bucket_mb: int = key(256, "weights travel in flat buckets of at most this many MiB", ge=1)
+    bucket_mb: int = key(256, "weights travel in flat buckets of at most this many MiB (a larger tensor is a bucket "
+                              "of its own); gloo / nccl stream them through two such buffers on each side", ge=1)
     timeout_s: int = key(1800, "a collective that takes longer ends the job (all ranks on one GPU: the searchers' "
                                "engines, built in turn, must all be built within it too)", ge=1)
 

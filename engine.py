@@ -3,7 +3,8 @@
     engine.generate(prompts, n, temperature, max_new_tokens) -> per prompt, n (response_ids, behaviour_logprobs)
         temperature 0 = greedy (n must be 1). Responses end with EOS when the model stopped. Behaviour log-probs are
         per token under logits / temperature (empty for greedy).
-    engine.load_weights([(hf_name, tensor)])   new policy weights, applied before the next generate
+    engine.load_weights(named)   new policy weights from an iterable of (hf_name, tensor), applied before the next
+        generate; the weight transport yields them while they arrive
 
 VLLMEngine also runs step by step for in-flight search (searcher.InFlightSearch): engine.add(key, prompt, n, ...)
 starts n one-sample requests, engine.step() runs one engine step and moves the samples that finished into
@@ -155,7 +156,8 @@ class VLLMEngine:
         # batch and returns the tokens of the one scheduled by the step() before (vllm/v1/engine/core.py,
         # EngineCore.step_with_batch_queue), so tokens returned just after a weight load were sampled by the old
         # weights: they carry the version of the step() that scheduled them
-        scheduler = getattr(getattr(llm.llm_engine, "vllm_config", None), "scheduler_config", None)
+        config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
+        scheduler = getattr(config, "scheduler_config", None)
         self.lag = int(bool(getattr(scheduler, "async_scheduling", False)))
         self.scheduled = 0  # with lag 1: the version when the previous step() scheduled its batch
 
@@ -191,7 +193,9 @@ class VLLMEngine:
         # reload_weights re-runs vLLM's post-load processing (needed on CPU, where a plain load_weights writes into
         # stale repacked parameters); then drop KV cached under the old weights. Between two step() calls with
         # requests running, the reload takes effect at the next step and the running requests go on (in-flight).
-        self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=list(named), is_checkpoint_format=True))
+        # the iterator itself: the in-process executor hands it to the worker (no serialisation), which loads each
+        # tensor as the transport yields it
+        self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(named), is_checkpoint_format=True))
         self.llm.reset_prefix_cache()  # in-flight, with requests running: refused (returns False), and not needed
 
     # ------------------------------------------------------------ in-flight: the engine driven one step at a time

@@ -196,8 +196,19 @@ def micro_batch(cfg):
     return min(max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K, cfg.B * cfg.K)
 
 
-def trainer_rows(cfg, shape, seq, rank0=True):
-    """[(part, bytes, how)] of rank 0 (rank0=False: another trainer rank, n_trainers > 1: no transport buffers)."""
+def transport_buffers(cfg, shape, e, kind):
+    """A side's weight-transport buffers (transport.py): gloo / nccl stream through two bucket buffers, each as large
+    as the largest bucket (bucket_mb, or the largest tensor, the embeddings, when it is larger); ipc shares the
+    trainer's whole bucket memory, a copy of the weights."""
+    if kind == "ipc":
+        return weights(shape, e)
+    largest = max(cfg.bucket_mb * 2**20, shape["vocab"] * shape["hidden"] * e)
+    return min(2 * largest, weights(shape, e))
+
+
+def trainer_rows(cfg, shape, seq, rank0=True, kind="nccl"):
+    """[(part, bytes, how)] of rank 0 (rank0=False: another trainer rank, n_trainers > 1: no transport buffers);
+    `kind`: the weight transport."""
     e, p, n, t = BYTES[cfg.dtype], shape["params"], micro_batch(cfg), cfg.n_trainers
     per_token = trainer_activations(shape, e, 1, seq, cfg.grad_checkpointing) / seq
     split = t if t > 1 and cfg.trainer_parallel == "fsdp" else 1  # fsdp: each rank keeps 1 / n_trainers of them
@@ -211,7 +222,8 @@ def trainer_rows(cfg, shape, seq, rank0=True):
     if t > 1 and split == 1:  # DistributedDataParallel's all-reduce buckets (gradient_as_bucket_view off)
         rows.append(("DDP gradient buckets", weights(shape, e), "a flat copy of the gradients"))
     if rank0:
-        rows.append(("weight transport buffers", weights(shape, e), "a flat copy of the weights"))
+        rows.append(("weight transport buffers", transport_buffers(cfg, shape, e, kind),
+                     "a flat copy of the weights (ipc)" if kind == "ipc" else f"2 buckets ({kind})"))
     return rows + [
             ("activations", trainer_activations(shape, e, n, seq, cfg.grad_checkpointing),
              f"{n} x {seq} tokens x {per_token / 1e6:.2f} MB" + (", recomputed per layer" if cfg.grad_checkpointing
@@ -238,11 +250,14 @@ def searcher_rows(cfg, shape, seq, machine, count=1):
         engine = ("vLLM engine" + ("s" if count > 1 else ""), count * budget, how)
         n_seq = cfg.chunk_prompts * cfg.S
     n_seq = min(n_seq, max(1, cfg.logprob_tokens // seq))  # policy.sequence_logprobs: one pass at a time
-    receive = 0 if machine["kind"] == "ipc" else weights(shape, e)
+    # gloo / nccl: two buckets, and the copies the engine holds until a layer (or the embeddings) is loaded
+    layer = (shape["params"] - shape["vocab"] * shape["hidden"]) / shape["layers"] * e
+    receive = 0 if machine["kind"] == "ipc" else (transport_buffers(cfg, shape, e, machine["kind"])
+                                                  + max(layer, shape["vocab"] * shape["hidden"] * e))
     return [("reference model" + ("s" if count > 1 else ""), count * weights(shape, e), f"{x}a frozen copy"),
             engine,
             ("weight receive buffers", count * receive, "views of the trainer's (ipc)" if not receive else
-             f"{x}a flat copy ({machine['kind']})"),
+             f"{x}2 buckets + a layer's copies ({machine['kind']})"),
             ("log-probs, no grad", count * nograd_forward(shape, e, n_seq, seq), f"{x}{n_seq} x {seq} tokens"),
             ("CUDA context", count * CONTEXT_GB * GB, f"{x}allowance per process")]
 
@@ -252,11 +267,11 @@ def gpu_tables(cfg, shape, prompt_tokens, machine):
     seq = sequence(cfg, shape, prompt_tokens)
     n, t = cfg.n_searchers, cfg.n_trainers
     if machine["mode"] == "shared":
-        return [(f"shared GPU (all {n + 1} ranks)", trainer_rows(cfg, shape, seq)
+        return [(f"shared GPU (all {n + 1} ranks)", trainer_rows(cfg, shape, seq, kind=machine["kind"])
                  + [(f"searchers: {part}", b, how) for part, b, how in searcher_rows(cfg, shape, seq, machine, n)])]
     others = [] if t == 1 else [(f"other trainer GPU (rank{f's 1..{t - 1}, each' if t > 2 else ' 1'})",
                                  trainer_rows(cfg, shape, seq, rank0=False))]
-    return [("trainer GPU (rank 0)", trainer_rows(cfg, shape, seq))] + others + [
+    return [("trainer GPU (rank 0)", trainer_rows(cfg, shape, seq, kind=machine["kind"]))] + others + [
             (f"searcher GPU (rank{f's {t}..' if n > 1 else ' '}{t + n - 1}{', each' if n > 1 else ''})",
              searcher_rows(cfg, shape, seq, machine))]
 

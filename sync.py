@@ -22,6 +22,8 @@ import enum
 import time
 from typing import NamedTuple
 
+import torch
+
 from failures import Stop
 
 PROBE_TOKENS = 16  # check_sync compares this many greedy tokens (long bf16 greedy runs diverge by rounding alone)
@@ -122,15 +124,25 @@ def trainer_push(comm, transport, flags, source=None):
 # ---------------------------------------------------------------- a searcher's side (ranks 1..N-1)
 
 
+def through(named, model):
+    """(name, tensor) pairs passed on unchanged, each first copied into `model`'s parameter of that name."""
+    params = dict(model.named_parameters())
+    for name, tensor in named:
+        if name in params:
+            with torch.no_grad():
+                params[name].copy_(tensor)
+        yield name, tensor
+
+
 def searcher_round(comm, transport, flags, report, engine, ref_model, probe_prompt, evaluate):
     """1-5 for one announced round: send `report`, take the new weights into the engine (and the reference model
     with REF), answer the probe, evaluate (`evaluate()` returns this searcher's (rows, totals))."""
     _collective(comm.gather_object, report)  # 1
     if flags & Flag.WEIGHTS:  # 3
         named, release = _collective(transport.pull)
-        engine.load_weights(named)
-        if flags & Flag.REF:
-            ref_model.load_state_dict(dict(named), strict=False)
+        if flags & Flag.REF:  # the reference takes each tensor on its way to the engine
+            named = through(named, ref_model)
+        _collective(engine.load_weights, named)  # the buckets arrive (gloo / nccl) while the engine loads
         _collective(release)  # ipc: the trainer's buffers are free once every engine copied them
     if flags & Flag.PROBE:  # 4
         _collective(comm.gather_object, engine.generate([probe_prompt], 1, 0.0, PROBE_TOKENS)[0][0][0])

@@ -3,10 +3,12 @@
 Weights travel in the engine dtype as a few flat buckets (at most bucket_mb each), not one collective per tensor:
   gloo  CPU ranks: torch.distributed broadcast of each bucket over a private gloo group
   nccl  one GPU per rank: broadcast of each bucket over a private NCCL group
-  ipc   ranks sharing one GPU (NCCL refuses that): the trainer's bucket memory is shared once through CUDA IPC handles;
-        each push is a device copy into the buckets, a barrier, the searchers copy out (and synchronise), a second
-        barrier
-The receiver returns (name, tensor) pairs in Hugging Face checkpoint naming; the engine loads them.
+        Both stream: each side holds two bucket buffers, not a copy of the model. The trainer fills one while the
+        other's broadcast is in flight; a searcher receives the next bucket while the engine loads the current one.
+  ipc   ranks sharing one GPU (NCCL refuses that): the trainer's bucket memory (the whole model) is shared once
+        through CUDA IPC handles; each push is a device copy into the buckets, a barrier, the searchers copy out (and
+        synchronise), a second barrier
+The receiver yields (name, tensor) pairs in Hugging Face checkpoint naming; the engine loads them as they come.
 """
 import os
 import time
@@ -77,13 +79,12 @@ class WeightTransport:
         self.params = dict(model.named_parameters()) if model is not None else None
         if kind == "ipc":
             self._setup_ipc()
-        else:
-            self.flat = [torch.empty(sum(n for *_, n in b), dtype=self.dtype, device=device) for b in self.buckets]
-            if kind == "nccl":
-                self.pg = new_nccl_group(comm)
-            else:
-                self.pg = comm.new_gloo_group("weights")
-        self.bytes = sum(f.numel() for f in self.flat) * elem
+            self.bytes = sum(f.numel() for f in self.flat) * elem
+        else:  # two bucket buffers per side (streaming); a bucket is a view of its first numbers
+            largest = max(sum(n for *_, n in b) for b in self.buckets)
+            self.flat = [torch.empty(largest, dtype=self.dtype, device=device) for _ in range(min(2, len(self.buckets)))]
+            self.pg = new_nccl_group(comm) if kind == "nccl" else comm.new_gloo_group("weights")
+            self.bytes = len(self.flat) * largest * elem
 
     def _setup_ipc(self):
         from torch.multiprocessing.reductions import reduce_tensor
@@ -95,46 +96,68 @@ class WeightTransport:
         if self.comm.rank != 0:
             self.flat = [fn(*args) for fn, args in handles]  # views of the trainer's bucket memory
 
-    def _fill(self, source):
+    @staticmethod
+    def _fill(flat, bucket, source):
         with torch.no_grad():
-            for flat, bucket in zip(self.flat, self.buckets):
-                for name, shape, off, numel in bucket:
-                    flat[off : off + numel].copy_(source[name].detach().reshape(-1))
+            for name, shape, off, numel in bucket:
+                flat[off : off + numel].copy_(source[name].detach().reshape(-1))
 
     def push(self, source=None):
         """Rank 0: send the model's current weights, or `source` ({name: tensor}, e.g. an older version kept for
         weight_delay). Returns seconds spent."""
         t0 = time.perf_counter()
-        self._fill(self.params if source is None else source)
+        source = self.params if source is None else source
         if self.kind == "ipc":
+            for flat, bucket in zip(self.flat, self.buckets):
+                self._fill(flat, bucket, source)
             torch.cuda.synchronize()
             self.comm.barrier()  # buckets ready
             self.comm.barrier()  # every searcher has copied them out
-        else:
-            self._broadcast()
-        return time.perf_counter() - t0
-
-    def _broadcast(self):
-        """Every bucket from rank 0 over self.pg. Each wait has the timeout (a wait with one blocks the CPU thread for
-        NCCL too) and a failure raises RuntimeError, for sync.py's failures.Stop."""
-        for flat in self.flat:
-            if not self.pg.broadcast(flat, 0).wait(self.comm.timeout):
-                raise RuntimeError(f"the weight broadcast ({self.kind}) did not finish within {self.comm.timeout}")
+            return time.perf_counter() - t0
+        sending = [None] * len(self.flat)  # the broadcast in flight from each buffer
+        for i, bucket in enumerate(self.buckets):
+            k = i % len(self.flat)
+            self._wait(sending[k])  # this buffer's previous bucket has left
+            self._fill(self.flat[k], bucket, source)
+            sending[k] = self._start(self.flat[k], bucket)
+        for work in sending:
+            self._wait(work)
         if self.kind == "nccl":
             torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def _start(self, flat, bucket):
+        """The broadcast of `bucket` (its numbers at the start of `flat`) from rank 0 over self.pg, in flight."""
+        return self.pg.broadcast(flat[: sum(n for *_, n in bucket)], 0)
+
+    def _wait(self, work):
+        """Each wait has the timeout (a wait with one blocks the CPU thread for NCCL too) and a failure raises
+        RuntimeError, for sync.py's failures.Stop."""
+        if work is not None and not work.wait(self.comm.timeout):
+            raise RuntimeError(f"the weight broadcast ({self.kind}) did not finish within {self.comm.timeout}")
 
     def pull(self):
-        """Searchers: receive the weights; returns [(name, tensor)] (views into receive buffers, valid until the next
-        pull) and a `done` callable to run once the engine has loaded them."""
+        """Searchers: receive the weights. Returns an iterator of (name, tensor) for the engine's load and a `done`
+        callable to run once the engine has loaded them (ipc: views of the trainer's buckets; gloo / nccl: the
+        buckets arrive while the iterator is read, one ahead, and each tensor is a copy of its own, so a loader that
+        keeps some until a layer is complete, as vLLM's layer-wise reload does, keeps valid ones)."""
         if self.kind == "ipc":
             self.comm.barrier()
-            done = self._ipc_done
-        else:
-            self._broadcast()
-            done = lambda: None
-        named = [(name, flat[off : off + numel].view(shape))
-                 for flat, bucket in zip(self.flat, self.buckets) for name, shape, off, numel in bucket]
-        return named, done
+            return iter([(name, flat[off : off + numel].view(shape))
+                         for flat, bucket in zip(self.flat, self.buckets) for name, shape, off, numel in bucket]), \
+                self._ipc_done
+        return self._stream(), lambda: None
+
+    def _stream(self):
+        n = len(self.flat)
+        arriving = [self._start(self.flat[i], self.buckets[i]) for i in range(n)]  # the first buckets, ahead
+        for i, bucket in enumerate(self.buckets):
+            k = i % n
+            self._wait(arriving[k])
+            named = [(name, self.flat[k][off : off + numel].view(shape).clone()) for name, shape, off, numel in bucket]
+            if i + n < len(self.buckets):  # this buffer is free again: the bucket after next lands in it
+                arriving[k] = self._start(self.flat[k], self.buckets[i + n])
+            yield from named
 
     def _ipc_done(self):
         """The engine's copies out of the trainer's buckets are asynchronous device copies: they must be finished

@@ -21,6 +21,8 @@ from transport import WeightTransport, pick_transport  # noqa: E402
 SHAPES = {  # TinyLlama-1.1B is the shape of the GSM8K anchor checkpoint (rho-1b)
     "tiny": dict(vocab_size=128, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=4, head_dim=32),
+    "small": dict(vocab_size=4096, hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=8),  # 27 MB in float32: many 1 MB buckets through two buffers
     "tinyllama": dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
                       num_attention_heads=32, num_key_value_heads=4),
 }

@@ -28,7 +28,7 @@ import train
 import transport
 from comm import Comm
 from config import Config, ConfigError
-from conftest import ROOT
+from conftest import ROOT, free_port
 from policy import ModelError, fit_new_tokens, load_tokenizer
 
 TIMEOUT = datetime.timedelta(seconds=123)
@@ -232,7 +232,9 @@ def test_nccl_group_has_the_timeout_and_a_failed_broadcast_fails_the_round(monke
     assert isinstance(store, dist.PrefixStore) and (rank, size) == (0, 3) and options._timeout == TIMEOUT
     assert os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "2"  # failures raise here, not in NCCL's watchdog
     weights.push()
-    assert len(FakeNCCL.waits) == len(weights.flat) >= 2 and set(FakeNCCL.waits) == {TIMEOUT}
+    # streaming: two bucket buffers, one broadcast and one wait per bucket
+    assert len(weights.flat) == 2 and len(FakeNCCL.waits) == len(weights.buckets) == 4
+    assert set(FakeNCCL.waits) == {TIMEOUT}
     for outcome in (dist.DistBackendError("NCCL communicator was aborted"), False):  # an error, a timed-out wait
         FakeNCCL.outcome = outcome
         with pytest.raises(failures.Stop, match="the sync round failed"):
@@ -240,6 +242,19 @@ def test_nccl_group_has_the_timeout_and_a_failed_broadcast_fails_the_round(monke
     weights.close(failed=True)
     weights.close()
     assert FakeNCCL.calls == ["abort", "shutdown"]
+
+
+def test_streamed_weights_arrive_bit_for_bit_through_two_bucket_buffers(tmp_path):
+    """gloo: 34 buckets of at most 1 MB pass through two buffers on each side, three pushes of changed weights, and
+    every searcher's copy equals the trainer's bit for bit (scripts/check_transport.py, as gpu_check.sh runs it)."""
+    out = tmp_path / "transport.json"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3",
+                        f"--master_port={free_port()}", "scripts/check_transport.py", "--shape", "small",
+                        "--transport", "gloo", "--bucket-mb", "1", "--pushes", "3", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    res = json.loads(out.read_text())
+    assert res["verified"] and res["buckets"] == 34 and res["bytes"] == 2 * 4096 * 512 * 4  # 2 x the largest bucket
 
 
 # ---------------------------------------------------------------- 5. IPC: copies finished before the release
