@@ -192,8 +192,11 @@ class Config:
                                           "recomputes each layer's activations, so a micro-batch keeps one layer's "
                                           "instead of all of them, for about a third more trainer compute; the update "
                                           "is the same")
-    micro_batch: int = key(0, "samples per forward/backward (on each trainer rank), a multiple of K (0 = K: one "
-                              "prompt per micro-batch); memory knob only", ge=0)
+    micro_batch: int = key(0, "samples per forward/backward (on each trainer rank; 0 = K: one prompt per "
+                              "micro-batch); memory knob only. Not a multiple of K (e.g. below K for long "
+                              "sequences): the group statistics come from the whole batch first (tb and tba_prime: "
+                              "one more forward without gradient); online_dpo, m2po and loss files need a multiple "
+                              "of K", ge=0)
 
     section("evaluation, logging, checkpoints")
     eval_every: int = key(0, "greedy test accuracy every N steps (always at start and end; 0 = only then)", ge=0)
@@ -374,20 +377,21 @@ def validate(cfg):
             raise ConfigError(f"'{name}' must be {rule}, got {value!r}")
     if cfg.overwrite and cfg.resume:
         raise ConfigError(f"overwrite=true deletes what resume={cfg.resume} would continue from: choose one")
+    import losses  # here, not at the top: it imports torch, which --help and --reference do not need
     if cfg.loss.endswith(".py"):
         if not os.path.isfile(cfg.loss):
             raise ConfigError(f"loss file not found: {cfg.loss}")
     else:
-        import losses  # here, not at the top: it imports torch, which --help and --reference do not need
         if cfg.loss not in losses.LOSSES:
             raise ConfigError(f"'loss' must be one of {'|'.join(losses.LOSSES)} or a .py file, got {cfg.loss!r}")
     if cfg.K > cfg.S:
         raise ConfigError(f"K ({cfg.K}) cannot exceed S ({cfg.S}): a batch takes K samples of one prompt visit")
     if cfg.K > cfg.per_prompt_cap:
         raise ConfigError(f"K ({cfg.K}) cannot exceed per_prompt_cap ({cfg.per_prompt_cap})")
-    if cfg.micro_batch % cfg.K:
-        raise ConfigError(f"'micro_batch' ({cfg.micro_batch}) must be a multiple of K ({cfg.K}): "
-                          "log Z needs whole prompts")
+    if cfg.micro_batch % cfg.K and cfg.loss not in losses.SPLITS:  # a loss file: cfg.loss ends with .py
+        raise ConfigError(f"'micro_batch' ({cfg.micro_batch}) must be a multiple of K ({cfg.K}) for loss={cfg.loss}: "
+                          f"it takes whole prompts per micro-batch (only {', '.join(losses.SPLITS)} take their group "
+                          "statistics over micro-batches)")
     if cfg.B % cfg.n_trainers:
         raise ConfigError(f"B ({cfg.B}) must be a multiple of n_trainers ({cfg.n_trainers}): each trainer rank takes "
                           "B / n_trainers whole prompts of a batch")

@@ -10,7 +10,7 @@ import torch
 
 import sync
 import trainer_group
-from losses import beta_at, get_loss, lr_at, masked
+from losses import NEEDS_LOGP, beta_at, get_loss, lr_at, masked
 from policy import encode_prompt, load_model, trim_at_eos
 from trainer_group import Command
 
@@ -54,6 +54,26 @@ class Learner:
                     reward=torch.tensor([s.reward for s in samples], device=logp.device),
                     group=torch.tensor([g for g, _ in part], device=logp.device))
 
+    def whole_share(self, share, beta, per_mb):
+        """micro_batch not a multiple of K (a prompt's samples span micro-batches): the per-sample sequence values
+        of this rank's whole share that the losses take group statistics over (losses.whole_share), the policy's
+        log-probs without gradient, one pass over the share, for the losses that need them (losses.NEEDS_LOGP)."""
+        samples = [s for _, s in share]
+        device = next(self.model.parameters()).device
+        whole = dict(reward=torch.tensor([s.reward for s in samples], device=device),
+                     group=torch.tensor([g for g, _ in share], device=device),
+                     logp_ref=torch.tensor([float(s.logp_ref.sum()) for s in samples], device=device),
+                     logp_behav=torch.tensor([float(s.logp_behav.sum()) for s in samples], device=device))
+        if self.cfg.loss in NEEDS_LOGP:
+            logp, kl = [], []
+            with torch.no_grad():
+                for start in range(0, len(share), per_mb):
+                    mb = self.micro_batch(share[start : start + per_mb], beta)
+                    logp.append(masked(mb["logp"], mb["mask"]).sum(1))
+                    kl.append(masked((mb["logp"] - mb["logp_ref"]).clamp(-10.0, 10.0), mb["mask"]).sum(1))
+            whole.update(logp=torch.cat(logp), kl=torch.cat(kl))
+        return whole
+
     def update(self, share, totals, step):
         """The optimizer step of trainer step `step` on `share`, this rank's whole prompts of the batch (all of it
         with T = 1). The loss is the mean over the share; FSDP / DDP average the gradients over the ranks' equal
@@ -64,12 +84,16 @@ class Learner:
         lr = lr_at(step, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.stable_steps, cfg.decay_steps, cfg.steps)
         for param_group in opt.param_groups:
             param_group["lr"] = lr
-        per_mb = max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K  # whole prompts per micro-batch
+        per_mb = cfg.micro_batch or cfg.K  # samples per micro-batch
+        # a micro-batch of whole prompts computes its group statistics itself; otherwise from the whole share first
+        whole = self.whole_share(share, beta, per_mb) if per_mb % cfg.K else None
         opt.zero_grad(set_to_none=True)
         sums = {}  # each micro-batch's values weighted by its share of the samples
         for start in range(0, len(share), per_mb):
             part = share[start : start + per_mb]
             mb = dict(self.micro_batch(part, beta), **totals)
+            if whole is not None:
+                mb.update(whole=whole, rows=torch.arange(start, start + len(part), device=whole["reward"].device))
             loss, metrics = self.loss_fn(mb, cfg)
             w = len(part) / len(share)
             (loss * w).backward()

@@ -13,6 +13,11 @@ Every loss has the same signature, `fn(batch, cfg) -> (loss, metrics)`, on one m
     batch["batch_tokens"]  int    response tokens in the whole optimizer batch, all micro-batches together
                                   (Learner.train); absent: this micro-batch's own count
     batch["batch_samples"] int    samples in the whole optimizer batch; absent: N
+    batch["whole"], batch["rows"]  only with micro_batch not a multiple of K, where a prompt's samples span several
+                           micro-batches: per-sample values of this rank's whole share of the batch (dict: reward,
+                           group, logp_ref, logp_behav, sequence sums; logp and kl, without gradient, for the losses in
+                           NEEDS_LOGP) and this micro-batch's rows in it. whole_share() hands a built-in loss its
+                           group statistics from there; a loss of your own gets whole prompts (config refuses the rest)
 Log-probs use logits / temperature (paper section 3). `loss` is the MEAN over the N samples of a per-sample objective
 (the trainer weights micro-batches by N / batch_samples, so the optimiser sees the mean over the whole batch however
 it is split). A loss normalised by the batch's token count (grpo_norm=token_mean, m2po) returns
@@ -61,6 +66,27 @@ def masked(x, mask):
 def seq_sum(x, mask):
     """Sum of x over each response's tokens, per sample (padding set to 0 first)."""
     return masked(x, mask).sum(1)
+
+
+SPLITS = ("tb", "grpo", "dr_grpo", "rloo", "tba_prime", "prime_ratio")  # exact with micro-batches below K
+NEEDS_LOGP = ("tb", "tba_prime")  # their group statistics need the policy's log-probs: one no-grad pass first
+
+
+def whole_share(batch):
+    """(values, rows): the per-sample sequence values a loss takes group statistics over, and this micro-batch's rows
+    in them. With whole prompts (the default) the micro-batch itself; with micro-batches below K, the trainer's
+    values over its whole share (batch["whole"]), so each group statistic is the whole prompt's. Statistics of the
+    rewards and the searchers' log-probs need no forward; log Z (tb) and the centred KL (tba_prime) take the policy's
+    log-probs WITHOUT gradient in either case (the default path detaches them too), so the gradient is the same
+    however the batch is split: e.g. for VarGrad, d/dtheta sum_j (delta_j - mean delta)^2 = 2 sum_j (delta_j - mean
+    delta) d delta_j, since sum_j (delta_j - mean delta) = 0 kills the mean's own gradient."""
+    if "whole" in batch:
+        return batch["whole"], batch["rows"]
+    mask = batch["mask"]
+    logp = batch["logp"].detach()
+    return dict(reward=batch["reward"], group=batch["group"], logp=seq_sum(logp, mask),
+                logp_ref=seq_sum(batch["logp_ref"], mask), logp_behav=seq_sum(batch["logp_behav"], mask),
+                kl=seq_sum((logp - batch["logp_ref"]).clamp(-10.0, 10.0), mask)), slice(None)
 
 
 def grpo_advantage(r, group_ids, eps):
@@ -116,13 +142,16 @@ def tb_loss(logp, logp_ref, reward, beta, group_ids):
 
 
 def tb_batch_loss(batch, cfg):
-    """Trajectory Balance (paper Eq. 5): tb_loss on the sequence sums of logp and logp_ref over response tokens.
-    Needs no importance weight: TB is off-policy by construction (paper section 3.1)."""
-    mask = batch["mask"]
+    """Trajectory Balance (paper Eq. 5): tb_loss on the sequence sums of logp and logp_ref over response tokens, its
+    log Z over the prompt's samples however the batch is split (whole_share). Needs no importance weight: TB is
+    off-policy by construction (paper section 3.1)."""
+    mask, beta = batch["mask"], batch["beta"]
     logp, logp_ref = seq_sum(batch["logp"], mask), seq_sum(batch["logp_ref"], mask)
     reward = batch["reward"].to(logp.dtype)
-    log_z = vargrad_log_z(logp, logp_ref, reward, batch["beta"], batch["group"])
-    return tb_loss(logp, logp_ref, reward, batch["beta"], batch["group"]), {"log_z": log_z.mean().item()}
+    whole, rows = whole_share(batch)  # log Z over the prompt's samples (all of them, wherever they are)
+    log_z = vargrad_log_z(whole["logp"], whole["logp_ref"], whole["reward"].to(logp.dtype), beta, whole["group"])
+    log_z = log_z[rows]
+    return ((log_z + logp - logp_ref - reward / beta) ** 2).mean(), {"log_z": log_z.mean().item()}
 
 
 def grpo_loss(batch, cfg):
@@ -140,7 +169,8 @@ def grpo_loss(batch, cfg):
     Metrics: clip_fraction (response tokens that take the clipped term; TRL17 lines 1236-1242), kl_k3 (mean k3).
     """
     mask, logp = batch["mask"], batch["logp"]
-    adv = grpo_advantage(batch["reward"].to(logp.dtype), batch["group"], 1e-4).unsqueeze(1)
+    whole, rows = whole_share(batch)
+    adv = grpo_advantage(whole["reward"].to(logp.dtype), whole["group"], 1e-4)[rows].unsqueeze(1)
     surrogate, clipped = ppo_clip(torch.exp(masked(logp - batch["logp_behav"], mask)), adv, cfg.clip_eps)
     log_r = masked(batch["logp_ref"] - logp, mask)
     k3 = torch.exp(log_r) - log_r - 1
@@ -161,8 +191,9 @@ def dr_grpo_loss(batch, cfg):
     Metric: clip_fraction. The TBA paper's Fig. 6 "Dr. GRPO" is a different loss, PRIME-RL's: prime_ratio_loss.
     """
     mask, logp = batch["mask"], batch["logp"]
-    r = batch["reward"].to(logp.dtype)
-    adv = (r - group_mean(r, batch["group"])).unsqueeze(1)
+    whole, rows = whole_share(batch)
+    r = whole["reward"].to(logp.dtype)
+    adv = (r - group_mean(r, whole["group"]))[rows].unsqueeze(1)
     surrogate, clipped = ppo_clip(torch.exp(masked(logp - batch["logp_behav"], mask)), adv, cfg.clip_eps)
     loss = normalise(masked(surrogate, mask), mask, "constant", batch, cfg)
     return loss, {"clip_fraction": (clipped & mask).sum().item() / mask.sum().clamp(min=1).item()}
@@ -186,8 +217,9 @@ def _prime_ratio(batch, cfg, adv):
 def prime_ratio_loss(batch, cfg):
     """The TBA paper's Fig. 6 "Dr. GRPO" (section 6): PRIME-RL's ratio loss with the Dr. GRPO advantage
     A_i = r_i - mean_g r (no std division; PrimeIntellect-ai/prime-rl issue #1235). Formula: _prime_ratio."""
-    r = batch["reward"].to(batch["logp"].dtype)
-    return _prime_ratio(batch, cfg, r - group_mean(r, batch["group"]))
+    whole, rows = whole_share(batch)
+    r = whole["reward"].to(batch["logp"].dtype)
+    return _prime_ratio(batch, cfg, (r - group_mean(r, whole["group"]))[rows])
 
 
 def tba_prime_loss(batch, cfg):
@@ -198,10 +230,10 @@ def tba_prime_loss(batch, cfg):
     loss = mean_i sum_t l_t / max_new_tokens.
     With beta = 0 this is exactly prime_ratio_loss, in value and gradient.
     """
-    mask, logp, groups = batch["mask"], batch["logp"], batch["group"]
-    r = batch["reward"].to(logp.dtype)
-    kl = seq_sum((logp.detach() - batch["logp_ref"]).clamp(-10.0, 10.0), mask)
-    return _prime_ratio(batch, cfg, (r - group_mean(r, groups)) - batch["beta"] * (kl - group_mean(kl, groups)))
+    whole, rows = whole_share(batch)
+    groups, r, kl = whole["group"], whole["reward"].to(batch["logp"].dtype), whole["kl"].to(batch["logp"].dtype)
+    adv = (r - group_mean(r, groups)) - batch["beta"] * (kl - group_mean(kl, groups))
+    return _prime_ratio(batch, cfg, adv[rows])
 
 
 def rloo_loss(batch, cfg):
@@ -216,13 +248,15 @@ def rloo_loss(batch, cfg):
     A sequence with rho > 1 + eps and A > 0 (or rho < 1 - eps and A < 0) gets no gradient.
     Metrics: clip_fraction (sequences that take the clipped term, line 365), kl_penalty (mean sum_t logp_behav - ref).
     """
-    mask, logp, groups = batch["mask"], batch["logp"], batch["group"]
+    mask, logp = batch["mask"], batch["logp"]
     behav = seq_sum(batch["logp_behav"], mask)
     kl = behav - seq_sum(batch["logp_ref"], mask)
-    shaped = batch["reward"].to(logp.dtype) - batch["beta"] * kl
+    whole, rows = whole_share(batch)  # the leave-one-out baseline over the prompt's samples, wherever they are
+    groups = whole["group"]
+    shaped = whole["reward"].to(logp.dtype) - batch["beta"] * (whole["logp_behav"] - whole["logp_ref"]).to(logp.dtype)
     n = group_count(groups).to(logp.dtype)
     adv = torch.where(n > 1, n / (n - 1).clamp(min=1) * (shaped - group_mean(shaped, groups)),
-                      torch.zeros_like(shaped))
+                      torch.zeros_like(shaped))[rows]
     loss, clipped = ppo_clip(torch.exp(seq_sum(logp, mask) - behav), adv, cfg.clip_eps)
     return loss.mean(), {"clip_fraction": clipped.float().mean().item(), "kl_penalty": kl.mean().item()}
 

@@ -19,6 +19,7 @@ import os
 import torch
 
 from config import ConfigError
+from losses import SPLITS
 
 GB = 2**30
 BYTES = {"float32": 4, "bfloat16": 2}
@@ -159,13 +160,13 @@ def lm_head_chunk(shape, tokens):
 
 def nograd_forward(shape, e, n_seq, seq):
     """Peak of a forward without gradients over n_seq x seq tokens (one pass of policy.sequence_logprobs: reference
-    log-probs, HF behaviour log-probs): nothing is saved, so one MLP's live tensors (act(gate), up, their product:
-    3i; 2i without a gate) and ~8h of hidden-sized ones (residual, norm, attention, last hidden state), the KV cache
-    HF keeps (use_cache), the boolean padding mask (n_seq x seq^2) and the LM-head chunk (~12 bytes per logit in
-    forward)."""
+    log-probs, HF behaviour log-probs): nothing is saved and no KV cache kept (use_cache=False), so one MLP's live
+    tensors (act(gate), up, their product: 3i; 2i without a gate) and ~8h of hidden-sized ones (residual, norm,
+    attention, last hidden state), the boolean padding mask (n_seq x seq^2) and the LM-head chunk (~12 bytes per logit
+    in forward). Checked on a CPU (scripts/plan_vs_measured.py, docs/performance.md): it over-counts there."""
     tokens = n_seq * seq
     h, i = shape["hidden"], shape["intermediate"]
-    live = e * ((3 if shape["gated"] else 2) * i + 8 * h) + shape["layers"] * 2 * shape["kv_dim"] * e
+    live = e * ((3 if shape["gated"] else 2) * i + 8 * h)
     return tokens * live + n_seq * seq * seq + min(tokens, HEAD_CHUNK) * shape["vocab"] * 12
 
 
@@ -192,8 +193,8 @@ def sequence(cfg, shape, prompt_tokens):
 
 
 def micro_batch(cfg):
-    # samples per forward / backward, as Learner.update splits a batch: whole prompts, at most the B x K batch
-    return min(max(1, (cfg.micro_batch or cfg.K) // cfg.K) * cfg.K, cfg.B * cfg.K)
+    # samples per forward / backward, as Learner.update splits a batch (micro_batch, 0 = K), at most the B x K batch
+    return min(cfg.micro_batch or cfg.K, cfg.B * cfg.K)
 
 
 def transport_buffers(cfg, shape, e, kind):
@@ -292,7 +293,9 @@ def advice(cfg, shape, prompt_tokens, machine):
         found.append(f"{ranks} GPUs (one per rank)")
     if not cfg.grad_checkpointing and fits(dataclasses.replace(cfg, grad_checkpointing=True)):
         found.append("grad_checkpointing=true")
-    sizes = [m for m in range(micro_batch(cfg) - cfg.K, 0, -cfg.K) if fits(dataclasses.replace(cfg, micro_batch=m))]
+    least = 1 if cfg.loss in SPLITS else cfg.K  # below K: the losses that split a prompt over micro-batches
+    sizes = [m for m in range(micro_batch(cfg) - 1, least - 1, -1) if m % cfg.K == 0 or cfg.loss in SPLITS]
+    sizes = [m for m in sizes if fits(dataclasses.replace(cfg, micro_batch=m))]
     found += [f"micro_batch={sizes[0]}"] if sizes else []
     if machine["engine"] == "vllm" and not cfg.vllm_kv_cache_memory_bytes:
         fractions = [u / 100 for u in range(int(round(cfg.vllm_gpu_memory_utilization * 100)) - 5, 4, -5)
@@ -308,13 +311,32 @@ def advice(cfg, shape, prompt_tokens, machine):
         found.append(f"n_trainers={trainers[0]} trainer_parallel=fsdp ({trainers[0] + cfg.n_searchers} GPUs)")
     if found:
         return "it fits with " + " or ".join(found)
-    title, need = worst(dataclasses.replace(cfg, micro_batch=cfg.K, grad_checkpointing=True), shape, prompt_tokens,
+    both = [m for m in range(micro_batch(cfg), least - 1, -1) if (m % cfg.K == 0 or cfg.loss in SPLITS)
+            and fits(dataclasses.replace(cfg, micro_batch=m, grad_checkpointing=True), own)]
+    if both:
+        where = " with a GPU per rank" if machine["mode"] == "shared" else ""
+        return f"no single change fits; grad_checkpointing=true and micro_batch={both[0]} together do{where}"
+    title, need = worst(dataclasses.replace(cfg, micro_batch=least, grad_checkpointing=True), shape, prompt_tokens,
                         own)
-    return (f"no single change fits: even with a GPU per rank, grad_checkpointing=true and micro_batch={cfg.K} (= K, "
-            "the least) the "
+    return (f"no single change fits: even with a GPU per rank, grad_checkpointing=true and micro_batch={least} (the "
+            f"least for loss={cfg.loss}) the "
             f"{title.split(' (')[0]} needs {need / GB:.1f} GB: use GPUs that size, or lower K or max_new_tokens (a "
             "trainer rank keeps weights, gradients and AdamW states, 1/n_trainers of them with fsdp, and the "
             "activations of a micro-batch on its GPU)")
+
+
+def host_rows(cfg, shape):
+    """[(part, bytes, how)] of rank 0's host (CPU) memory beyond the processes themselves: the weight copies it keeps
+    on the CPU (checkpoint.TrainerState), which no GPU table holds."""
+    e, rows = BYTES[cfg.dtype], []
+    if cfg.weight_delay:
+        rows.append(("weight_delay versions", (cfg.weight_delay + 1) * weights(shape, e),
+                     f"D + 1 = {cfg.weight_delay + 1} copies of the weights"))
+    if cfg.ref_reset_every:
+        rows.append(("reference weights", weights(shape, e), "TBA's reset reference, kept for checkpoints"))
+    if cfg.n_trainers > 1 and cfg.trainer_parallel == "fsdp":
+        rows.append(("assembled state dict", weights(shape, e), "while saving (and at a reference reset)"))
+    return rows
 
 
 def verdict(cfg, shape, prompt_tokens, machine):
@@ -351,6 +373,10 @@ def report(cfg, shape, prompt_tokens, prompt_source, machine, name="config"):
         lines += ["", f"{title:<44}{'GB':>8}"]
         lines += [f"  {part:<42}{b / GB:>8.1f}   {how}" for part, b, how in rows]
         lines.append(f"  {'total':<42}{total / GB:>8.1f}   of {m / GB:.0f} GB ({total / m:.0%})")
+    host = host_rows(cfg, shape)
+    if host:
+        lines += ["", f"{'rank 0 host (CPU) memory':<44}{'GB':>8}"]
+        lines += [f"  {part:<42}{b / GB:>8.1f}   {how}" for part, b, how in host]
     ok, line = verdict(cfg, shape, prompt_tokens, machine)
     return "\n".join(lines + ["", line]), ok
 

@@ -32,7 +32,7 @@ def test_overrides_and_types():
     (["steps=1.5"], "'steps' must be int"),
     (["K=30", "S=24"], "K (30) cannot exceed S (24)"),
     (["n_searchers=0"], "'n_searchers' must be >= 1"),
-    (["micro_batch=12", "K=8"], "must be a multiple of K"),
+    (["micro_batch=12", "K=8", "loss=m2po"], "must be a multiple of K (8) for loss=m2po"),
     (["engine=tgi"], "'engine' must be one of"),
     (["nonsense"], "expected key=value"),
     (["max_bad_steps=0"], "'max_bad_steps' must be >= 1"),

@@ -57,7 +57,7 @@ def test_component_arithmetic_by_hand():
         "weights": 1000 * 2, "gradients": 1000 * 2, "AdamW states": 2 * 1000 * 2, "weight transport buffers": 1000 * 2,
         "activations": n * seq * per_token, "LM-head chunk": n * seq * 10 * 16, "CUDA context": GB}
     n_seq = 2 * 4  # chunk_prompts x S sequences, fewer than the 64 of a reference batch
-    live = 2 * (3 * 16 + 8 * 8) + 2 * 2 * 8 * 2  # e (3i + 8h) + the HF KV cache, layers x 2 x kv_dim x e
+    live = 2 * (3 * 16 + 8 * 8)  # e (3i + 8h): no KV cache (token_logprobs runs with use_cache=False)
     logprobs = n_seq * seq * live + n_seq * seq * seq + n_seq * seq * 10 * 12
     # two buckets (here: the whole model, 2000 B) and a layer's copies, (1000 - 10 x 8) / 2 layers x 2 B
     assert own["searcher GPU"] == {"reference model": 2000, "vLLM engine": 0.5 * 10 * GB,
@@ -78,12 +78,35 @@ def test_activation_checkpointing_keeps_each_layers_input_and_one_layer():
     layer = 2 * (8 * 8 + 4 * 16) + 8 * 8
     per_token = 2 * (2 * 8) + layer + (4 * 8 + 2 * 2 * 8) + layer // 2  # 2 layers' inputs, one layer, as before
     assert rows(cfg, "own", "nccl")["trainer GPU"]["activations"] == n * seq * per_token
-    math = ["n_trainers=4", "n_searchers=4", "--gpus", "8", "--gpu-memory-gb", "80"]
-    off, on = run_plan("configs/math_tba_prime.yaml", *math), run_plan("configs/math_tba_prime.yaml", *math,
-                                                                      "grad_checkpointing=true")
+    math = ["n_trainers=4", "n_searchers=4", "micro_batch=16", "--gpus", "8", "--gpu-memory-gb", "80"]
+    off, on = (run_plan("configs/math_tba_prime.yaml", *math, "grad_checkpointing=false"),
+               run_plan("configs/math_tba_prime.yaml", *math))  # the config has grad_checkpointing: true
     assert off.returncode == 2 and "trainer GPU 258.2" in off.stdout.splitlines()[-1], off.stdout
+    assert "it fits with grad_checkpointing=true" in off.stdout.splitlines()[-1]
     assert on.returncode == 0 and on.stdout.splitlines()[-1].startswith("fits: trainer GPU 44.9"), on.stdout
     assert "recomputed per layer" in on.stdout and "7 x 2304 tokens" in on.stdout  # logprob_tokens: 16384 at a time
+
+
+@pytest.mark.parametrize("config, gpus, verdict", [
+    ("math_tba_prime.yaml", ["--gpus", "4"], "fits: trainer GPU 74.5 of 80 GB, searcher GPU 64.3"),
+    ("math_tba_prime.yaml", ["n_trainers=4", "n_searchers=4", "--gpus", "8"], "fits: trainer GPU 34.8 of 80 GB"),
+    ("countdown.yaml", ["--gpus", "4"], "fits: trainer GPU 73.6 of 80 GB, searcher GPU 63.8")])
+def test_the_7b_recipes_fit_80gb_gpus_at_their_own_lengths(config, gpus, verdict):
+    """The paper's 7B recipes as the configs carry them (MATH: 2048 new tokens; Countdown: 4096-token sequences)
+    fit 80 GB GPUs by the plan: activation checkpointing and micro-batches below K (a prediction; no GPU measured)."""
+    p = run_plan(os.path.join("configs", config), *gpus, "--gpu-memory-gb", "80", "--prompt-tokens", "256")
+    assert p.returncode == 0 and p.stdout.splitlines()[-1].startswith(verdict), p.stdout
+    assert "recomputed per layer" in p.stdout
+
+
+def test_host_memory_counts_the_weight_copies_rank_0_keeps():
+    """weight_delay = D keeps D + 1 CPU copies of the weights, TBA's reset reference one, an fsdp save one."""
+    cfg = load_config(None, SMALL + ["weight_delay=2", "ref_reset_every=50"])
+    assert plan.host_rows(cfg, SHAPE) == [("weight_delay versions", 3 * 2000, "D + 1 = 3 copies of the weights"),
+                                          ("reference weights", 2000, "TBA's reset reference, kept for checkpoints")]
+    fsdp = load_config(None, SMALL + ["n_trainers=3"])
+    assert plan.host_rows(fsdp, SHAPE) == [("assembled state dict", 2000, "while saving (and at a reference reset)")]
+    assert plan.host_rows(load_config(None, SMALL), SHAPE) == []
 
 
 def test_shared_layout_adds_every_ranks_parts():
@@ -146,7 +169,7 @@ def test_shape_by_hand_for_an_unknown_model():
 
 def test_prepare_check_refuses_in_one_line_and_passes_a_fitting_plan():
     """--prepare's check on a GPU node (train.prepare calls it with the GPUs present; on CPU it is never called)."""
-    cfg = load_config(os.path.join(ROOT, "configs", "math_tba_prime.yaml"))
+    cfg = load_config(os.path.join(ROOT, "configs", "math_tba_prime.yaml"), ["grad_checkpointing=false"])
     with pytest.raises(ConfigError) as e:
         plan.prepare_check(cfg, "own", 4, 80 * GB, 300, "vllm")
     assert str(e.value).startswith("memory plan: does not fit: trainer GPU") and "\n" not in str(e.value)
@@ -162,7 +185,8 @@ def test_advice_names_a_change_that_fits():
     ok, line = plan.verdict(cfg, shape, 256, shared)
     assert not ok and "4 GPUs (one per rank)" in line
     changes = [w for w in line.split() if "=" in w]
-    assert {c.split("=")[0] for c in changes} == {"grad_checkpointing", "vllm_gpu_memory_utilization", "max_new_tokens"}
+    assert {c.split("=")[0] for c in changes} == {"grad_checkpointing", "micro_batch", "vllm_gpu_memory_utilization",
+                                                  "max_new_tokens"}
     for change in changes:
         assert plan.verdict(load_config(os.path.join(ROOT, "configs", "gsm8k.yaml"), [change]), shape, 256, shared)[0]
 

@@ -96,6 +96,38 @@ def test_every_loss_averaged_over_two_shares_is_the_whole_batchs(tiny_model, los
         assert (whole - (a + b) / 2).abs().max() <= 1e-5 * whole.abs().max(), loss
 
 
+@pytest.mark.parametrize("loss", ["tb", "grpo", "dr_grpo", "rloo", "tba_prime", "prime_ratio"])
+def test_micro_batches_below_k_give_the_whole_prompts_update(tiny_model, loss):
+    """micro_batch 3 with K = 4 (a prompt's samples over two or three micro-batches, 4 prompts in 6 calls) gives the
+    same loss and gradient as whole-prompt micro-batches (float32, rel 1e-5): the group statistics come from the
+    whole share first (losses.whole_share)."""
+    cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=4,
+                              loss=loss, beta_start=0.5)
+    rng = np.random.default_rng(2)
+    prompts = [[1] + rng.integers(4, 100, 5).tolist() for _ in range(cfg.B)]
+    flat = [(gid, Sample(gid, tuple(rng.integers(4, 100, n).tolist()), float(rng.integers(0, 3)),
+                         -rng.random(n).astype(np.float32), -rng.random(n).astype(np.float32), 0, True))
+            for gid in range(cfg.B) for n in rng.integers(2, 9, cfg.K).tolist()]
+    totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
+    model = load_model(tiny_model, "float32", "cpu")
+    runs = []
+    for micro in (4, 3, 16):
+        group, sizes = FakeGroup(model), []
+        group.logprobs = lambda p, r, t: sizes.append((len(p), torch.is_grad_enabled())) or token_logprobs(model, p,
+                                                                                                              r, t)
+        learner = Learner(dataclasses.replace(cfg, micro_batch=micro), None, prompts, model, group)
+        learner.opt = Capture(model.parameters())
+        done = learner.update(flat, totals, 1)
+        runs.append((done.sums["loss"], learner.opt.grads))
+        first = [(3, False)] * 5 + [(1, False)] if micro == 3 and loss in ("tb", "tba_prime") else []
+        assert sizes == first + {4: [(4, True)] * 4, 3: [(3, True)] * 5 + [(1, True)], 16: [(16, True)]}[micro]
+    (loss_k, grads_k), *others = runs
+    for loss_m, grads_m in others:
+        assert abs(loss_m - loss_k) <= 1e-5 * max(abs(loss_k), 1e-3), loss
+        for a, b in zip(grads_k, grads_m):
+            assert (a - b).abs().max() <= 1e-5 * a.abs().max(), loss
+
+
 def test_activation_checkpointing_leaves_the_update_unchanged(tiny_model):
     """grad_checkpointing=true recomputes every decoder layer in the backward pass: the same loss and gradient as
     without (float32, rel 1e-5), for a batch of several micro-batches."""
