@@ -96,6 +96,17 @@ def test_every_loss_averaged_over_two_shares_is_the_whole_batchs(tiny_model, los
         assert (whole - (a + b) / 2).abs().max() <= 1e-5 * whole.abs().max(), loss
 
 
+def random_batch(cfg, seed, rewards):
+    """(prompts, flat, totals): B random prompts, K random responses each (2-8 tokens, integer rewards below
+    `rewards`, random behaviour and reference log-probs), as Learner.update takes them."""
+    rng = np.random.default_rng(seed)
+    prompts = [[1] + rng.integers(4, 100, 5).tolist() for _ in range(cfg.B)]
+    flat = [(gid, Sample(gid, tuple(rng.integers(4, 100, n).tolist()), float(rng.integers(0, rewards)),
+                         -rng.random(n).astype(np.float32), -rng.random(n).astype(np.float32), 0, True))
+            for gid in range(cfg.B) for n in rng.integers(2, 9, cfg.K).tolist()]
+    return prompts, flat, dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
+
+
 @pytest.mark.parametrize("loss", ["tb", "grpo", "dr_grpo", "rloo", "tba_prime", "prime_ratio"])
 def test_micro_batches_below_k_give_the_whole_prompts_update(tiny_model, loss):
     """micro_batch 3 with K = 4 (a prompt's samples over two or three micro-batches, 4 prompts in 6 calls) gives the
@@ -103,12 +114,7 @@ def test_micro_batches_below_k_give_the_whole_prompts_update(tiny_model, loss):
     whole share first (losses.whole_share)."""
     cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=4,
                               loss=loss, beta_start=0.5)
-    rng = np.random.default_rng(2)
-    prompts = [[1] + rng.integers(4, 100, 5).tolist() for _ in range(cfg.B)]
-    flat = [(gid, Sample(gid, tuple(rng.integers(4, 100, n).tolist()), float(rng.integers(0, 3)),
-                         -rng.random(n).astype(np.float32), -rng.random(n).astype(np.float32), 0, True))
-            for gid in range(cfg.B) for n in rng.integers(2, 9, cfg.K).tolist()]
-    totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
+    prompts, flat, totals = random_batch(cfg, seed=2, rewards=3)
     model = load_model(tiny_model, "float32", "cpu")
     runs = []
     for micro in (4, 3, 16):
@@ -132,12 +138,7 @@ def test_activation_checkpointing_leaves_the_update_unchanged(tiny_model):
     """grad_checkpointing=true recomputes every decoder layer in the backward pass: the same loss and gradient as
     without (float32, rel 1e-5), for a batch of several micro-batches."""
     cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=8)
-    rng = np.random.default_rng(1)
-    prompts = [[1] + rng.integers(4, 100, 5).tolist() for _ in range(cfg.B)]
-    flat = [(gid, Sample(gid, tuple(rng.integers(4, 100, n).tolist()), float(rng.integers(0, 2)),
-                         -rng.random(n).astype(np.float32), -rng.random(n).astype(np.float32), 0, True))
-            for gid in range(cfg.B) for n in rng.integers(2, 9, cfg.K).tolist()]
-    totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
+    prompts, flat, totals = random_batch(cfg, seed=1, rewards=2)
     runs = []
     for on in (False, True):
         run_cfg = dataclasses.replace(cfg, grad_checkpointing=on)
