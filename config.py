@@ -194,9 +194,14 @@ class Config:
                                           "is the same")
     micro_batch: int = key(0, "samples per forward/backward (on each trainer rank; 0 = K: one prompt per "
                               "micro-batch); memory knob only. Not a multiple of K (e.g. below K for long "
-                              "sequences): the group statistics come from the whole batch first (tb and tba_prime: "
-                              "one more forward without gradient); online_dpo, m2po and loss files need a multiple "
-                              "of K", ge=0)
+                              "sequences): the group statistics come from the whole batch first (tb, tba_prime, "
+                              "online_dpo: one more forward without gradient); m2po (its trust region is per "
+                              "micro-batch) and loss files need a multiple of K", ge=0)
+
+    micro_tokens: int = key(0, "micro-batches by token budget instead of micro_batch: a rank's samples sorted by "
+                               "length and packed while count x the longest (prompt + response) stays within this "
+                               "many tokens, so long-tail lengths pad little and no micro-batch outgrows the budget; "
+                               "group statistics as with micro_batch below K. One trainer rank; 0 = off", ge=0)
 
     section("evaluation, logging, checkpoints")
     eval_every: int = key(0, "greedy test accuracy every N steps (always at start and end; 0 = only then)", ge=0)
@@ -388,6 +393,12 @@ def validate(cfg):
         raise ConfigError(f"K ({cfg.K}) cannot exceed S ({cfg.S}): a batch takes K samples of one prompt visit")
     if cfg.K > cfg.per_prompt_cap:
         raise ConfigError(f"K ({cfg.K}) cannot exceed per_prompt_cap ({cfg.per_prompt_cap})")
+    if cfg.micro_tokens and cfg.loss not in losses.SPLITS:
+        raise ConfigError(f"micro_tokens needs a loss that takes its group statistics over micro-batches "
+                          f"({', '.join(losses.SPLITS)}), not loss={cfg.loss}")
+    if cfg.micro_tokens and cfg.n_trainers > 1:
+        raise ConfigError("micro_tokens with n_trainers > 1: trainer ranks would run different numbers of "
+                          "micro-batches (their collectives must match); use micro_batch")
     if cfg.micro_batch % cfg.K and cfg.loss not in losses.SPLITS:  # a loss file: cfg.loss ends with .py
         raise ConfigError(f"'micro_batch' ({cfg.micro_batch}) must be a multiple of K ({cfg.K}) for loss={cfg.loss}: "
                           f"it takes whole prompts per micro-batch (only {', '.join(losses.SPLITS)} take their group "

@@ -11,7 +11,7 @@ import torch
 import sync
 import trainer_group
 from losses import NEEDS_LOGP, beta_at, get_loss, lr_at, masked
-from policy import encode_prompt, load_model, trim_at_eos
+from policy import encode_prompt, load_model, token_batches, trim_at_eos
 from trainer_group import Command
 
 
@@ -54,10 +54,23 @@ class Learner:
                     reward=torch.tensor([s.reward for s in samples], device=logp.device),
                     group=torch.tensor([g for g, _ in part], device=logp.device))
 
-    def whole_share(self, share, beta, per_mb):
-        """micro_batch not a multiple of K (a prompt's samples span micro-batches): the per-sample sequence values
-        of this rank's whole share that the losses take group statistics over (losses.whole_share), the policy's
-        log-probs without gradient, one pass over the share, for the losses that need them (losses.NEEDS_LOGP)."""
+    def parts(self, share):
+        """The micro-batches of `share`, as lists of its indices: micro_batch samples each, in order (0 = K: one
+        prompt each); or with micro_tokens, the samples by length, packed while count x longest (prompt + response)
+        stays within micro_tokens, so that a long-tail batch pads little and a micro-batch's memory is bounded."""
+        cfg = self.cfg
+        if cfg.micro_tokens:
+            length = [len(self.prompts[s.prompt_id]) + len(s.response) for _, s in share]
+            order = sorted(range(len(share)), key=length.__getitem__)
+            return [[order[j] for j in batch] for batch in token_batches([length[i] for i in order], cfg.micro_tokens)]
+        per_mb = cfg.micro_batch or cfg.K
+        return [list(range(start, min(start + per_mb, len(share)))) for start in range(0, len(share), per_mb)]
+
+    def whole_share(self, share, beta, parts):
+        """micro_batch not a multiple of K, or micro_tokens (a prompt's samples span micro-batches): the per-sample
+        sequence values of this rank's whole share that the losses take group statistics over (losses.whole_share),
+        in share order; the policy's log-probs without gradient, one pass over the share's `parts`, for the losses
+        that need them (losses.NEEDS_LOGP)."""
         samples = [s for _, s in share]
         device = next(self.model.parameters()).device
         whole = dict(reward=torch.tensor([s.reward for s in samples], device=device),
@@ -67,11 +80,12 @@ class Learner:
         if self.cfg.loss in NEEDS_LOGP:
             logp, kl = [], []
             with torch.no_grad():
-                for start in range(0, len(share), per_mb):
-                    mb = self.micro_batch(share[start : start + per_mb], beta)
+                for rows in parts:
+                    mb = self.micro_batch([share[i] for i in rows], beta)
                     logp.append(masked(mb["logp"], mb["mask"]).sum(1))
                     kl.append(masked((mb["logp"] - mb["logp_ref"]).clamp(-10.0, 10.0), mb["mask"]).sum(1))
-            whole.update(logp=torch.cat(logp), kl=torch.cat(kl))
+            order = torch.tensor([i for rows in parts for i in rows], device=device).argsort()
+            whole.update(logp=torch.cat(logp)[order], kl=torch.cat(kl)[order])
         return whole
 
     def update(self, share, totals, step):
@@ -84,16 +98,16 @@ class Learner:
         lr = lr_at(step, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.stable_steps, cfg.decay_steps, cfg.steps)
         for param_group in opt.param_groups:
             param_group["lr"] = lr
-        per_mb = cfg.micro_batch or cfg.K  # samples per micro-batch
+        parts = self.parts(share)
         # a micro-batch of whole prompts computes its group statistics itself; otherwise from the whole share first
-        whole = self.whole_share(share, beta, per_mb) if per_mb % cfg.K else None
+        whole = None if cfg.micro_batch % cfg.K == 0 and not cfg.micro_tokens else self.whole_share(share, beta, parts)
         opt.zero_grad(set_to_none=True)
         sums = {}  # each micro-batch's values weighted by its share of the samples
-        for start in range(0, len(share), per_mb):
-            part = share[start : start + per_mb]
+        for rows in parts:
+            part = [share[i] for i in rows]
             mb = dict(self.micro_batch(part, beta), **totals)
             if whole is not None:
-                mb.update(whole=whole, rows=torch.arange(start, start + len(part), device=whole["reward"].device))
+                mb.update(whole=whole, rows=torch.tensor(rows, device=whole["reward"].device))
             loss, metrics = self.loss_fn(mb, cfg)
             w = len(part) / len(share)
             (loss * w).backward()

@@ -68,8 +68,8 @@ def seq_sum(x, mask):
     return masked(x, mask).sum(1)
 
 
-SPLITS = ("tb", "grpo", "dr_grpo", "rloo", "tba_prime", "prime_ratio")  # exact with micro-batches below K
-NEEDS_LOGP = ("tb", "tba_prime")  # their group statistics need the policy's log-probs: one no-grad pass first
+SPLITS = ("tb", "grpo", "dr_grpo", "rloo", "tba_prime", "prime_ratio", "online_dpo")  # exact below K too
+NEEDS_LOGP = ("tb", "tba_prime", "online_dpo")  # their statistics need the policy's log-probs: a no-grad pass first
 
 
 def whole_share(batch):
@@ -79,7 +79,8 @@ def whole_share(batch):
     rewards and the searchers' log-probs need no forward; log Z (tb) and the centred KL (tba_prime) take the policy's
     log-probs WITHOUT gradient in either case (the default path detaches them too), so the gradient is the same
     however the batch is split: e.g. for VarGrad, d/dtheta sum_j (delta_j - mean delta)^2 = 2 sum_j (delta_j - mean
-    delta) d delta_j, since sum_j (delta_j - mean delta) = 0 kills the mean's own gradient."""
+    delta) d delta_j, since sum_j (delta_j - mean delta) = 0 kills the mean's own gradient. online_dpo splits a pair
+    through its gradient coefficients (_dpo_split); m2po does not split (its trust region is per micro-batch)."""
     if "whole" in batch:
         return batch["whole"], batch["rows"]
     mask = batch["mask"]
@@ -298,6 +299,8 @@ def online_dpo_loss(batch, cfg):
     """
     mask, logp, r = batch["mask"], batch["logp"], batch["reward"]
     log_ratio = seq_sum(logp, mask) - seq_sum(batch["logp_ref"], mask)  # S - Ref per response
+    if "whole" in batch:  # micro_batch below K: a pair's two responses may sit in different micro-batches
+        return _dpo_split(batch, cfg, log_ratio)
     pairs = dpo_pairs(r, batch["group"], cfg.dpo_pairs)
     terms, tied = [], 0
     for a, b, weight in pairs:
@@ -310,6 +313,33 @@ def online_dpo_loss(batch, cfg):
     if not terms:
         return 0.0 * masked(logp, mask).sum(), metrics
     return torch.stack(terms).sum() / logp.shape[0], metrics
+
+
+def _dpo_split(batch, cfg, log_ratio):
+    """online_dpo_loss on part of the share: the pairs and their z come from the whole share's log-probs, taken
+    without gradient (batch["whole"]); each response in this micro-batch carries its pair's gradient through
+    g (x - sg x), g = dl/dx at those values (-dpo_beta sigmoid(-z) weight for the chosen, + for the rejected), and
+    each pair's value is counted once, in the micro-batch of its chosen response. Weighted by N / batch_samples the
+    micro-batches sum to the whole batch's loss and gradient."""
+    whole, rows = batch["whole"], batch["rows"]
+    local, n = {int(i): j for j, i in enumerate(rows.tolist())}, log_ratio.shape[0]  # share row -> micro-batch row
+    x = (whole["logp"] - whole["logp_ref"]).to(log_ratio.dtype)
+    pairs = dpo_pairs(whole["reward"], whole["group"], cfg.dpo_pairs)
+    total, tied = 0.0 * log_ratio.sum(), 0
+    for a, b, weight in pairs:
+        ra, rb = whole["reward"][a], whole["reward"][b]
+        if not bool(ra != rb):
+            tied += 1
+            continue
+        chosen, rejected = (a, b) if bool(ra > rb) else (b, a)
+        z = cfg.dpo_beta * (x[chosen] - x[rejected])
+        g = cfg.dpo_beta * torch.sigmoid(-z) * weight
+        for i, sign in ((chosen, -1.0), (rejected, 1.0)):
+            if i in local:
+                total = total + sign * g * (log_ratio[local[i]] - log_ratio[local[i]].detach())
+        if chosen in local:
+            total = total - F.logsigmoid(z) * weight
+    return total / n, {"tied_fraction": tied / len(pairs) if pairs else 0.0}
 
 
 def m2po_keep(delta, adv, mask, tau):

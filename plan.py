@@ -211,6 +211,8 @@ def trainer_rows(cfg, shape, seq, rank0=True, kind="nccl"):
     """[(part, bytes, how)] of rank 0 (rank0=False: another trainer rank, n_trainers > 1: no transport buffers);
     `kind`: the weight transport."""
     e, p, n, t = BYTES[cfg.dtype], shape["params"], micro_batch(cfg), cfg.n_trainers
+    if cfg.micro_tokens:  # packed to the budget: at worst every sample as long as the longest (one at least)
+        n = max(1, min(cfg.micro_tokens // seq, cfg.B * cfg.K))
     per_token = trainer_activations(shape, e, 1, seq, cfg.grad_checkpointing) / seq
     split = t if t > 1 and cfg.trainer_parallel == "fsdp" else 1  # fsdp: each rank keeps 1 / n_trainers of them
     of = f", 1/{split} (fsdp shard)" if split > 1 else ""

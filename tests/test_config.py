@@ -33,6 +33,8 @@ def test_overrides_and_types():
     (["K=30", "S=24"], "K (30) cannot exceed S (24)"),
     (["n_searchers=0"], "'n_searchers' must be >= 1"),
     (["micro_batch=12", "K=8", "loss=m2po"], "must be a multiple of K (8) for loss=m2po"),
+    (["micro_tokens=100", "loss=m2po"], "micro_tokens needs a loss that takes its group statistics"),
+    (["micro_tokens=100", "n_trainers=2"], "micro_tokens with n_trainers > 1"),
     (["engine=tgi"], "'engine' must be one of"),
     (["nonsense"], "expected key=value"),
     (["max_bad_steps=0"], "'max_bad_steps' must be >= 1"),

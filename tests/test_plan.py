@@ -99,6 +99,13 @@ def test_the_7b_recipes_fit_80gb_gpus_at_their_own_lengths(config, gpus, verdict
     assert "recomputed per layer" in p.stdout
 
 
+def test_token_budget_micro_batches_count_the_sequences_that_fit_it():
+    seq = 6 + 10
+    for budget, n in ((2 * seq + 3, 2), (5, 1)):  # 2 whole sequences; a budget below one still takes one
+        cfg = load_config(None, SMALL + [f"micro_tokens={budget}"])
+        assert rows(cfg, "own", "nccl")["trainer GPU"]["LM-head chunk"] == n * seq * 10 * 16
+
+
 def test_host_memory_counts_the_weight_copies_rank_0_keeps():
     """weight_delay = D keeps D + 1 CPU copies of the weights, TBA's reset reference one, an fsdp save one."""
     cfg = load_config(None, SMALL + ["weight_delay=2", "ref_reset_every=50"])

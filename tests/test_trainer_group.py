@@ -107,13 +107,15 @@ def random_batch(cfg, seed, rewards):
     return prompts, flat, dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
 
 
-@pytest.mark.parametrize("loss", ["tb", "grpo", "dr_grpo", "rloo", "tba_prime", "prime_ratio"])
-def test_micro_batches_below_k_give_the_whole_prompts_update(tiny_model, loss):
+@pytest.mark.parametrize("loss, extra", [("tb", {}), ("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("tba_prime", {}),
+                                         ("prime_ratio", {}), ("online_dpo", {}),
+                                         ("online_dpo", {"dpo_pairs": "adjacent"})])
+def test_micro_batches_below_k_give_the_whole_prompts_update(tiny_model, loss, extra):
     """micro_batch 3 with K = 4 (a prompt's samples over two or three micro-batches, 4 prompts in 6 calls) gives the
     same loss and gradient as whole-prompt micro-batches (float32, rel 1e-5): the group statistics come from the
     whole share first (losses.whole_share)."""
     cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=4,
-                              loss=loss, beta_start=0.5)
+                              loss=loss, beta_start=0.5, dpo_beta=0.5, **extra)
     prompts, flat, totals = random_batch(cfg, seed=2, rewards=3)
     model = load_model(tiny_model, "float32", "cpu")
     runs = []
@@ -125,13 +127,38 @@ def test_micro_batches_below_k_give_the_whole_prompts_update(tiny_model, loss):
         learner.opt = Capture(model.parameters())
         done = learner.update(flat, totals, 1)
         runs.append((done.sums["loss"], learner.opt.grads))
-        first = [(3, False)] * 5 + [(1, False)] if micro == 3 and loss in ("tb", "tba_prime") else []
+        first = [(3, False)] * 5 + [(1, False)] if micro == 3 and loss in ("tb", "tba_prime", "online_dpo") else []
         assert sizes == first + {4: [(4, True)] * 4, 3: [(3, True)] * 5 + [(1, True)], 16: [(16, True)]}[micro]
     (loss_k, grads_k), *others = runs
     for loss_m, grads_m in others:
         assert abs(loss_m - loss_k) <= 1e-5 * max(abs(loss_k), 1e-3), loss
         for a, b in zip(grads_k, grads_m):
             assert (a - b).abs().max() <= 1e-5 * a.abs().max(), loss
+
+
+@pytest.mark.parametrize("loss", ["tb", "grpo", "online_dpo"])
+def test_micro_batches_by_token_budget_give_the_whole_prompts_update(tiny_model, loss):
+    """micro_tokens=30: the share's samples sorted by length and packed while count x longest (prompt + response)
+    stays within 30 tokens; the same loss and gradient as whole-prompt micro-batches (float32, rel 1e-5)."""
+    cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=4,
+                              loss=loss, beta_start=0.5, dpo_beta=0.5)
+    prompts, flat, totals = random_batch(cfg, seed=3, rewards=3)
+    model = load_model(tiny_model, "float32", "cpu")
+    runs = []
+    for budget in (0, 30):
+        group, calls = FakeGroup(model), []
+        group.logprobs = lambda p, r, t: calls.append(len(p) * max(len(a) + len(b) for a, b in zip(p, r))) \
+            or token_logprobs(model, p, r, t)
+        learner = Learner(dataclasses.replace(cfg, micro_tokens=budget), None, prompts, model, group)
+        learner.opt = Capture(model.parameters())
+        done = learner.update(flat, totals, 1)
+        runs.append((done.sums["loss"], learner.opt.grads))
+        if budget:
+            assert len(calls) >= 6 and max(calls) <= budget, calls  # several micro-batches, none over the budget
+    (loss_a, grads_a), (loss_b, grads_b) = runs
+    assert abs(loss_b - loss_a) <= 1e-5 * max(abs(loss_a), 1e-3)
+    for a, b in zip(grads_a, grads_b):
+        assert (a - b).abs().max() <= 1e-5 * a.abs().max()
 
 
 def test_activation_checkpointing_leaves_the_update_unchanged(tiny_model):
