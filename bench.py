@@ -2,8 +2,16 @@
 in-flight search (inflight=true, vLLM only), and the searchers' throughput inside the pipeline vs the same engine
 alone on the same prompts. A benchmark, not a test: it reports figures, it asserts nothing.
 
-    python bench.py [CONFIG] [--steps 40] [--repeats 1] [--modes async,sync,inflight] [key=value ...]
+    python bench.py [CONFIG] [--steps 40] [--repeats 1] [--modes async,sync,inflight] [--work equal] [key=value ...]
     -> table on stdout, out/bench/bench.json
+
+--work equal (the default) holds the work per step equal across arms: the asynchronous arms run with max_reuse=1 and
+no max_prompts_per_round, so they train on at most as many samples as they generate, B x K fresh samples per step on
+average, as the synchronous arm generates for each step; the table reports each arm's fresh samples per step, and a
+speedup is printed only when they agree within 10%. --work native runs the config's own settings (e.g. the tiny
+default's max_reuse=2: half the fresh samples per step in the asynchronous arms), for time per step at unequal work.
+Each arm's trainer floor is its own train seconds summed over the steps plus its weight pushes: no arm's loop can
+be shorter (the trainer is one process); loop / floor says how close an arm gets.
 
 Runs `launch.sh CONFIG` in each mode (async: async=true inflight=false; sync: async=false; inflight: async=true
 inflight=true; the HF engine has no in-flight mode, so that arm is left out with it), alternately, `repeats` times
@@ -12,8 +20,7 @@ loop), then times one searcher's work (generation + reference log-probs + reward
 InFlightSearch for the in-flight arm, searcher.py) in this process with nothing else running. The timed loop starts
 after the initial buffer and leaves out the final evaluation; the speedups are ratios of the mean loop times, the
 other figures come from the run closest to its mode's mean. The trainer's wait per sync round is time/wait_seconds of
-the steps with a round (the gather, the push, and waiting for the searchers to join). On a CPU it also prints the
-most a searcher inside the pipeline can get of its standalone rate when every rank shares the same cores.
+the steps with a round (the gather, the push, and waiting for the searchers to join).
 """
 import argparse
 import json
@@ -73,6 +80,7 @@ def standalone_tokens_per_s(cfg, n_chunks, warmup=3):
 
 MODES = {"async": ["async=true", "inflight=false"], "sync": ["async=false", "inflight=false"],
          "inflight": ["async=true", "inflight=true"]}
+EQUAL_WORK = ["max_reuse=1", "max_prompts_per_round=0"]  # --work equal, the asynchronous arms: B x K fresh per step
 
 
 def measure(rows, summary, launch_seconds):
@@ -97,7 +105,10 @@ def measure(rows, summary, launch_seconds):
         "push_seconds_mean": st.mean([r["sync/push_seconds"] for r in rows[1:] if "sync/push_seconds" in r]),
         "searcher_tokens_per_s_median": st.median(tps) if tps else 0.0, "staleness_hist": hist,
         "mixed_fraction_mean": st.mean(r.get("staleness/mixed_fraction", 0.0) for r in rows[1:]),
-        "fresh_samples_per_step": sum(r.get("sync/samples", 0) for r in rows[1:]) / summary["steps"]}
+        "fresh_samples_per_step": sum(r.get("sync/samples", 0) for r in rows[1:]) / summary["steps"],
+        # no loop can be shorter than the trainer's own work: its steps and its weight pushes
+        "trainer_floor_seconds": summary["train_seconds_total"]
+        + sum(r.get("sync/push_seconds", 0.0) for r in rows[1:])}
 
 
 def parse_args():
@@ -108,6 +119,9 @@ def parse_args():
     ap.add_argument("--repeats", type=int, default=1, help="runs of each mode, alternating (figures: medians)")
     ap.add_argument("--modes", default="async,sync,inflight", help="the arms, of " + ", ".join(MODES))
     ap.add_argument("--chunks", type=int, default=30, help="generation chunks timed for the standalone rate")
+    ap.add_argument("--work", choices=("equal", "native"), default="equal",
+                    help="equal: the async arms at max_reuse=1 (B x K fresh samples per step, as sync); native: the "
+                         "config's own settings")
     ap.add_argument("--out", default="out/bench")
     args, overrides = ap.parse_known_args()
     if "=" in args.config:  # no config file given, only overrides
@@ -122,7 +136,8 @@ def run_arms(args, overrides, modes):
         for mode in runs:
             t0 = time.perf_counter()
             out_dir = os.path.join(args.out, mode if args.repeats == 1 else f"{mode}{i}")
-            rows, summary = run(args.config, overrides + MODES[mode], out_dir)
+            extra = EQUAL_WORK if args.work == "equal" and mode != "sync" else []
+            rows, summary = run(args.config, overrides + MODES[mode] + extra, out_dir)
             runs[mode].append(measure(rows, summary, time.perf_counter() - t0))
     return runs
 
@@ -141,6 +156,10 @@ def results(runs, cfg, n_chunks):
     for fast, slow in (("async", "sync"), ("inflight", "sync"), ("inflight", "async")):  # the arms that ran
         if fast in res and slow in res:
             res[f"speedup_{slow}_over_{fast}"] = res[slow]["loop_seconds_mean"] / res[fast]["loop_seconds_mean"]
+            fresh = (res[fast]["fresh_samples_per_step"], res[slow]["fresh_samples_per_step"])
+            res[f"equal_work_{slow}_{fast}"] = max(fresh) <= 1.1 * min(fresh)  # within 10%
+    for mode in runs:
+        res[mode]["loop_over_trainer_floor"] = res[mode]["loop_seconds"] / res[mode]["trainer_floor_seconds"]
     if "async" in res:
         res["pipeline_vs_standalone"] = res["async"]["searcher_tokens_per_s_median"] / res["standalone_tokens_per_s"]
     if "inflight" in res:
@@ -148,13 +167,6 @@ def results(runs, cfg, n_chunks):
             dataclasses.replace(chunked, inflight=True), n_chunks=n_chunks)
         res["inflight_pipeline_vs_standalone"] = (res["inflight"]["searcher_tokens_per_s_median"]
                                                   / res["standalone_inflight_tokens_per_s"])
-    import torch
-    arm = next((m for m in ("async", "inflight") if m in res), None)  # a pipelined arm, for the CPU bound
-    if arm and not torch.cuda.is_available():  # every rank shares these cores: the trainer's are gone for searching
-        cores = len(os.sched_getaffinity(0))
-        res["cpu_cores"] = cores
-        res["cpu_bound_pipeline_vs_standalone"] = min(1.0, (cores - res[arm]["trainer_cores"]) / cfg.n_searchers)
-        res["cpu_bound_arm"] = arm
     return res
 
 
@@ -185,26 +197,30 @@ def print_table(res, cols, args, cfg):
         lambda r: f"{r['searcher_tokens_per_s_median']:.0f}")
     row(f"fresh samples per step (generated; the step consumes {cfg.B * cfg.K})",
         lambda r: f"{r['fresh_samples_per_step']:.1f}")
+    row("trainer floor seconds (its train steps + pushes), loop / floor",
+        lambda r: f"{r['trainer_floor_seconds']:.1f}, {r['loop_over_trainer_floor']:.2f}")
     row("staleness histogram (updates: samples)", lambda r: str(r["staleness_hist"]))
     row("mixed-version samples in a batch, mean", lambda r: f"{r['mixed_fraction_mean']:.1%}")
 
 
 def print_ratios(res, cfg):
-    """The ratios under the table: loop time between arms, a searcher's rate in the pipeline against standalone, and
-    the CPU bound on that ratio."""
+    """The ratios under the table: loop time between arms (a speedup only at equal work), and a searcher's rate in
+    the pipeline against standalone."""
     for fast, slow, name in (("async", "sync", "async"), ("inflight", "sync", "in-flight"),
                              ("inflight", "async", "in-flight")):
-        if f"speedup_{slow}_over_{fast}" in res:
-            print(f"{name} is {res[f'speedup_{slow}_over_{fast}']:.2f}x faster than {NAMES[slow]} for the same steps")
+        if f"speedup_{slow}_over_{fast}" not in res:
+            continue
+        fresh = f"{res[fast]['fresh_samples_per_step']:.1f} vs {res[slow]['fresh_samples_per_step']:.1f}"
+        if res[f"equal_work_{slow}_{fast}"]:
+            print(f"{name} is {res[f'speedup_{slow}_over_{fast}']:.2f}x faster than {NAMES[slow]} at equal work "
+                  f"(the same steps, {fresh} fresh samples per step)")
+        else:
+            print(f"{name} takes {1 / res[f'speedup_{slow}_over_{fast}']:.2f}x the time of {NAMES[slow]} for the same "
+                  f"steps, at UNEQUAL work ({fresh} fresh samples per step): not a speedup")
     for mode, key, standalone in (("async", "pipeline_vs_standalone", "standalone_tokens_per_s"),
                                   ("inflight", "inflight_pipeline_vs_standalone", "standalone_inflight_tokens_per_s")):
         if key in res:
             print(f"{NAMES[mode]}: searcher in the pipeline / standalone ({res[standalone]:.0f} tok/s): {res[key]:.0%}")
-    if "cpu_cores" in res:
-        arm = res["cpu_bound_arm"]
-        print(f"CPU bound for that ratio: (cores - cores the {NAMES[arm]} trainer uses) / searchers = "
-              f"({res['cpu_cores']} - {res[arm]['trainer_cores']:.2f}) / {cfg.n_searchers} = "
-              f"{res['cpu_bound_pipeline_vs_standalone']:.0%} of a searcher that has a core to itself")
 
 
 def main():

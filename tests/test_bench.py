@@ -5,8 +5,6 @@ import os
 import subprocess
 import sys
 
-import torch
-
 from conftest import ROOT
 
 
@@ -21,8 +19,8 @@ def bench(out, *args):
 
 def test_bench_runs_both_modes_and_writes_bench_json(tiny_model, tmp_path):
     out = tmp_path / "bench"
-    r = bench(out, "--modes", "sync,async")  # sync listed first: the CPU bound must still come from the async arm
-    assert "faster than sync for the same steps" in r.stdout and "| training loop seconds" in r.stdout
+    r = bench(out, "--modes", "sync,async")  # --work equal: the async arm at max_reuse=1, B x K fresh per step
+    assert "| training loop seconds" in r.stdout and "| trainer floor seconds" in r.stdout
     res = json.load(open(out / "bench.json"))
     a, s = res["async"], res["sync"]
     assert a["steps"] == s["steps"] == 3 and res["engine"] == "hf"
@@ -30,13 +28,15 @@ def test_bench_runs_both_modes_and_writes_bench_json(tiny_model, tmp_path):
     assert a["loop_seconds_all"] == [a["loop_seconds"]] and 0 < a["eval_seconds"] < a["wall_seconds"]
     assert set(s["staleness_hist"]) == {"0"} and s["staleness_hist"]["0"] == 3 * 8 * 8  # sync: all on-policy, B x K
     assert sum(a["staleness_hist"].values()) == 3 * 8 * 8 and s["fresh_samples_per_step"] == 8 * 8  # B x S
+    # equal work, said in the speedup's line; 3 steps are few, so the async arm may fetch a round more or less
+    equal = res["equal_work_sync_async"]
+    assert equal == (max(a["fresh_samples_per_step"], 64) <= 1.1 * min(a["fresh_samples_per_step"], 64))
+    assert ("faster than sync at equal work" if equal else "at UNEQUAL work") in r.stdout
     for mode in (a, s):
         assert 0 < mode["trainer_busy_fraction"] <= 1 and mode["sync_seconds_max"] >= mode["sync_seconds_mean"] > 0
+        assert mode["loop_over_trainer_floor"] >= 0.99  # no loop is shorter than the trainer's own work
         assert mode["train_seconds_per_step"] > 0 and mode["searcher_tokens_per_s_median"] > 0
     assert res["standalone_tokens_per_s"] > 0 and a["trainer_cores"] > 0
-    if not torch.cuda.is_available():  # the CPU bound of the pipeline's throughput
-        assert 0 < res["cpu_bound_pipeline_vs_standalone"] <= 1 and a["trainer_cores"] < res["cpu_cores"] + 1
-        assert res["cpu_bound_arm"] == "async" and f"{a['trainer_cores']:.2f}) / 2 =" in r.stdout
     assert (out / "async" / "metrics.jsonl").exists() and (out / "sync" / "summary.json").exists()
 
 
@@ -46,5 +46,5 @@ def test_bench_with_one_arm_reports_it_without_speedups(tiny_model, tmp_path):
     res = json.load(open(out / "bench.json"))
     assert not set(res) & {"async", "inflight", "pipeline_vs_standalone", "cpu_cores"} and res["sync"]["steps"] == 3
     assert not any(key.startswith("speedup_") for key in res) and "faster than" not in r.stdout
-    assert "CPU bound" not in r.stdout
+    assert "equal work" not in r.stdout
     assert "| training loop seconds" in r.stdout and " | sync |" in r.stdout
