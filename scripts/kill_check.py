@@ -48,6 +48,7 @@ def rank_pid(agent, rank):
 
 
 def leftovers(out):
+    """Processes whose command line names out_dir=`out` (there must be none once the job has ended)."""
     left = []
     for pid in os.listdir("/proc"):
         try:

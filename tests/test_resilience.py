@@ -24,6 +24,7 @@ from config import Config, ConfigError
 from conftest import ROOT, read_run, start, torchrun
 from failures import Stop
 from policy import load_model, load_tokenizer
+from scripts.kill_check import leftovers  # processes whose command line names out_dir
 
 HF_SYNC = ["engine=hf", "async=false", "n_test=40"]  # HF sampling is replayed exactly after a resume
 NAN_TASK = f"task={os.path.join(ROOT, 'tests', 'tasks', 'nan_reward.py')}"
@@ -52,19 +53,6 @@ def workers(job):
         except (OSError, StopIteration, ValueError):
             continue
     return found
-
-
-def leftovers(out_dir):
-    """Processes whose command line mentions out_dir (there must be none once the job has ended)."""
-    left = []
-    for pid in os.listdir("/proc"):
-        try:
-            cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
-        except OSError:
-            continue
-        if f"out_dir={out_dir}" in cmd:
-            left.append(int(pid))
-    return left
 
 
 def rows_by_step(out_dir):
