@@ -156,8 +156,7 @@ class VLLMEngine:
         # batch and returns the tokens of the one scheduled by the step() before (vllm/v1/engine/core.py,
         # EngineCore.step_with_batch_queue), so tokens returned just after a weight load were sampled by the old
         # weights: they carry the version of the step() that scheduled them
-        config = getattr(getattr(llm, "llm_engine", None), "vllm_config", None)
-        scheduler = getattr(config, "scheduler_config", None)
+        scheduler = getattr(getattr(llm.llm_engine, "vllm_config", None), "scheduler_config", None)
         self.lag = int(bool(getattr(scheduler, "async_scheduling", False)))
         self.scheduled = 0  # with lag 1: the version when the previous step() scheduled its batch
 

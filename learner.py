@@ -10,7 +10,7 @@ import torch
 
 import sync
 import trainer_group
-from losses import NEEDS_LOGP, beta_at, get_loss, lr_at, masked
+from losses import NEEDS_LOGP, beta_at, get_loss, lr_at, masked, whole_share
 from policy import encode_prompt, load_model, token_batches, trim_at_eos
 from trainer_group import Command
 
@@ -77,15 +77,11 @@ class Learner:
                      group=torch.tensor([g for g, _ in share], device=device),
                      logp_ref=torch.tensor([float(s.logp_ref.sum()) for s in samples], device=device),
                      logp_behav=torch.tensor([float(s.logp_behav.sum()) for s in samples], device=device))
-        if self.cfg.loss in NEEDS_LOGP:
-            logp, kl = [], []
+        if self.cfg.loss in NEEDS_LOGP:  # each part's own values, as a whole-prompt micro-batch computes them
             with torch.no_grad():
-                for rows in parts:
-                    mb = self.micro_batch([share[i] for i in rows], beta)
-                    logp.append(masked(mb["logp"], mb["mask"]).sum(1))
-                    kl.append(masked((mb["logp"] - mb["logp_ref"]).clamp(-10.0, 10.0), mb["mask"]).sum(1))
+                own = [whole_share(self.micro_batch([share[i] for i in rows], beta))[0] for rows in parts]
             order = torch.tensor([i for rows in parts for i in rows], device=device).argsort()
-            whole.update(logp=torch.cat(logp)[order], kl=torch.cat(kl)[order])
+            whole.update({k: torch.cat([values[k] for values in own])[order] for k in ("logp", "kl")})
         return whole
 
     def update(self, share, totals, step):

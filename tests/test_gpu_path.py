@@ -178,7 +178,7 @@ def test_engines_sharing_a_gpu_split_the_memory_fraction(monkeypatch, tmp_path):
     assert engine.vllm_memory_args(Config(vllm_gpu_memory_utilization=0.6), "cuda", 1) == \
         {"gpu_memory_utilization": 0.6}
     got = {}  # and what the engine hands to vLLM's LLM(...), with vLLM faked
-    fake_vllm = types.SimpleNamespace(LLM=lambda **kw: got.update(kw))
+    fake_vllm = types.SimpleNamespace(LLM=lambda **kw: got.update(kw) or types.SimpleNamespace(llm_engine=None))
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm)
     for name in ("VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_LOGGING_LEVEL"):
         monkeypatch.setenv(name, "restored after the test")
