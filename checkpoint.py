@@ -5,6 +5,8 @@
         trainer_state.pth   the trainer's TrainerState.state_dict(): step, optimizer, replay buffer, RNG, counters
         searchers.pth       {rank: sync.ShardPlace}: each searcher's place in its prompt shard and its RNG states,
                             as of the last sync round (each searcher reads its own)
+        adapters.pth        lora_rank > 0: the LoRA adapters (the HF files hold the merged weights); resume loads
+                            them on top of the base model
         ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0; searchers read it)
         optimizer_rank{r}.pt  n_trainers > 1: each trainer rank's own optimizer state (fsdp: its shard), in place of
                             trainer_state.pth's; a resume needs the same n_trainers and trainer_parallel (meta.json)
@@ -26,6 +28,7 @@ import sys
 
 import torch
 
+import lora
 import runlog
 from buffer import ReplayBuffer
 
@@ -52,7 +55,7 @@ class TrainerState:
         self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
         self.timers = runlog.Timers()
         # in the checkpoint's meta.json: a resume must match them (the buffer holds this data's prompt ids and samples)
-        self.meta = {"weight_delay": cfg.weight_delay, "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
+        self.meta = {"weight_delay": cfg.weight_delay, "lora_rank": cfg.lora_rank, "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
         if self.group.size > 1:  # the optimizer state is in one file per trainer rank, for the same T and parallelism
             self.meta.update(n_trainers=self.group.size, trainer_parallel=self.group.parallel)
 
@@ -100,9 +103,12 @@ def save(path, model, tok, state, shards=None):
     tmp = path + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     weights = None
+    os.makedirs(tmp)
     if shards is not None:
-        os.makedirs(tmp)
         weights = shards(tmp)
+    if lora.enabled(model):  # the HF files hold the merged policy (eval.py, vLLM); adapters.pth what resume loads
+        torch.save(lora.adapters(model), os.path.join(tmp, lora.ADAPTERS))
+        weights = {n: t.detach().to("cpu", copy=True) for n, t in lora.merged_weights(model, buffers=True).items()}
     model.save_pretrained(tmp, state_dict=weights)
     tok.save_pretrained(tmp)
     state = dict(state)

@@ -198,6 +198,13 @@ class Config:
                               "online_dpo: one more forward without gradient); m2po (its trust region is per "
                               "micro-batch) and loss files need a multiple of K", ge=0)
 
+    lora_rank: int = key(0, "LoRA (lora.py): r > 0 freezes the model and trains a rank-r adapter on every linear "
+                            "layer of its decoder blocks (gradients and AdamW states of the adapters only); searchers "
+                            "and checkpoints get the merged weights, the reference stays the base model. LoRA "
+                            "usually wants a larger learning rate than full fine-tuning. 0 = off", ge=0)
+    lora_alpha: float = key(0.0, "LoRA scale alpha: the update is (alpha / lora_rank) B A (0 = lora_rank: scale 1)",
+                            ge=0)
+
     micro_tokens: int = key(0, "micro-batches by token budget instead of micro_batch: a rank's samples sorted by "
                                "length and packed while count x the longest (prompt + response) stays within this "
                                "many tokens, so long-tail lengths pad little and no micro-batch outgrows the budget; "
@@ -406,6 +413,12 @@ def validate(cfg):
     if cfg.B % cfg.n_trainers:
         raise ConfigError(f"B ({cfg.B}) must be a multiple of n_trainers ({cfg.n_trainers}): each trainer rank takes "
                           "B / n_trainers whole prompts of a batch")
+    if cfg.lora_rank and cfg.weight_delay:
+        raise ConfigError("lora_rank with weight_delay: the kept weight versions would be merged weights that the "
+                          "probe cannot load into an adapted model; use one of them")
+    if cfg.lora_rank and cfg.n_trainers > 1 and cfg.trainer_parallel == "fsdp":
+        raise ConfigError("lora_rank with n_trainers > 1 needs trainer_parallel=ddp: only the adapters train, so "
+                          "there are few states to shard (ddp replicates the frozen base)")
     if cfg.n_trainers > 1 and cfg.trainer_parallel == "fsdp" and cfg.weight_delay:
         raise ConfigError("weight_delay keeps whole weight versions on rank 0: with n_trainers > 1 it needs "
                           "trainer_parallel=ddp")

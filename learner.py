@@ -8,10 +8,11 @@ from typing import NamedTuple
 
 import torch
 
+import lora
 import sync
 import trainer_group
 from losses import NEEDS_LOGP, beta_at, get_loss, lr_at, masked, whole_share
-from policy import encode_prompt, load_model, token_batches, trim_at_eos
+from policy import ModelError, encode_prompt, load_model, token_batches, trim_at_eos
 from trainer_group import Command
 
 
@@ -38,7 +39,8 @@ class Learner:
 
     def __init__(self, cfg, tok, prompts, model, group):
         self.cfg, self.tok, self.prompts, self.model, self.group = cfg, tok, prompts, model, group
-        self.opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
+        trained = [p for p in model.parameters() if p.requires_grad]  # lora_rank: the adapters only
+        self.opt = torch.optim.AdamW(trained, lr=cfg.lr, betas=(0.9, cfg.adam_beta2),
                                      weight_decay=cfg.weight_decay)  # after the group wrapped the model (fsdp)
         self.loss_fn = get_loss(cfg.loss)
 
@@ -202,12 +204,27 @@ def checkpointing(model, cfg):
     return model
 
 
+def policy_model(cfg, resume, device):
+    """The policy a trainer rank starts from: the checkpoint's weights on resume, else `model`; with lora_rank the
+    frozen base model (`model`) with its adapters (lora.py), on resume the checkpoint's."""
+    if not cfg.lora_rank:
+        return load_model(resume or cfg.model, cfg.dtype, device)
+    try:
+        model = lora.add(load_model(cfg.model, cfg.dtype, device), cfg.lora_rank, cfg.lora_alpha or cfg.lora_rank,
+                         cfg.seed)
+        if resume:
+            lora.load_adapters(model, resume)
+    except ValueError as e:
+        raise ModelError(str(e)) from None
+    return model
+
+
 def build(cfg, ctx, store):
     """Every trainer rank's learner: the policy (from the checkpoint on resume), the trainer group around it, AdamW
     (with this rank's optimizer state on resume when T > 1; with T = 1 the trainer's checkpoint state has it)."""
     torch.manual_seed(cfg.seed)
     prompts = [encode_prompt(ctx.tok, r["prompt"]) for r in ctx.train]
-    model = checkpointing(load_model(ctx.resume or cfg.model, cfg.dtype, ctx.device).train(), cfg)
+    model = checkpointing(policy_model(cfg, ctx.resume, ctx.device).train(), cfg)
     group = trainer_group.Group(cfg, model, ctx.device, store)  # T > 1: FSDP2 / DDP over ranks 0..T-1
     learner = Learner(cfg, ctx.tok, prompts, model, group)
     group.load_optimizer(learner.opt, ctx.resume)

@@ -111,6 +111,15 @@ def weights(shape, e):
     return shape["params"] * e
 
 
+def lora_params(shape, rank):
+    """lora.py's adapters: r x (in + out) numbers per linear layer of each decoder block. Llama / Qwen2 blocks: q, o
+    (h -> h), k, v (h -> kv_dim), gate, up (h -> i), down (i -> h): 9h + 2 kv_dim + 3i; other blocks (GPT-NeoX: fused
+    qkv h -> 3h, dense, fc_in, fc_out): 8h + 2i."""
+    h, i = shape["hidden"], shape["intermediate"]
+    per_rank = 9 * h + 2 * shape["kv_dim"] + 3 * i if shape["gated"] else 8 * h + 2 * i
+    return shape["layers"] * rank * per_rank
+
+
 def adamw_states(shape, e):
     # torch.optim.AdamW keeps exp_avg and exp_avg_sq like each parameter (in `dtype`): 2 x params x bytes
     return 2 * shape["params"] * e
@@ -198,13 +207,14 @@ def micro_batch(cfg):
 
 
 def transport_buffers(cfg, shape, e, kind):
-    """A side's weight-transport buffers (transport.py): gloo / nccl stream through two bucket buffers, each as large
-    as the largest bucket (bucket_mb, or the largest tensor, the embeddings, when it is larger); ipc shares the
-    trainer's whole bucket memory, a copy of the weights."""
-    if kind == "ipc":
-        return weights(shape, e)
-    largest = max(cfg.bucket_mb * 2**20, shape["vocab"] * shape["hidden"] * e)
-    return min(2 * largest, weights(shape, e))
+    """A side's weight-transport buffers (transport.py): two bucket buffers, each as large as the largest bucket
+    (bucket_mb, or the largest tensor, the embeddings, when it is larger); ipc: the trainer's, which the searchers
+    see through CUDA IPC handles."""
+    return min(2 * largest_bucket(cfg, shape, e), weights(shape, e))
+
+
+def largest_bucket(cfg, shape, e):
+    return max(cfg.bucket_mb * 2**20, shape["vocab"] * shape["hidden"] * e)
 
 
 def trainer_rows(cfg, shape, seq, rank0=True, kind="nccl"):
@@ -216,17 +226,25 @@ def trainer_rows(cfg, shape, seq, rank0=True, kind="nccl"):
     per_token = trainer_activations(shape, e, 1, seq, cfg.grad_checkpointing) / seq
     split = t if t > 1 and cfg.trainer_parallel == "fsdp" else 1  # fsdp: each rank keeps 1 / n_trainers of them
     of = f", 1/{split} (fsdp shard)" if split > 1 else ""
-    rows = [("weights", weights(shape, e) / split, f"{p:,} params x {e} B{of}"),
-            ("gradients", weights(shape, e) / split, "as the weights"),
-            ("AdamW states", adamw_states(shape, e) / split, f"exp_avg + exp_avg_sq, 2 x the weights{of}")]
+    if cfg.lora_rank:  # frozen base; gradients and AdamW states of the adapters only
+        a = lora_params(shape, cfg.lora_rank)
+        rows = [("weights", (p + a) * e, f"{p:,} frozen + {a:,} adapter params (lora_rank {cfg.lora_rank}) x {e} B"),
+                ("gradients", a * e, "of the adapters"),
+                ("AdamW states", 2 * a * e, "exp_avg + exp_avg_sq of the adapters")]
+    else:
+        rows = [("weights", weights(shape, e) / split, f"{p:,} params x {e} B{of}"),
+                ("gradients", weights(shape, e) / split, "as the weights"),
+                ("AdamW states", adamw_states(shape, e) / split, f"exp_avg + exp_avg_sq, 2 x the weights{of}")]
     if split > 1:
         rows.append(("FSDP gathered weights", fsdp_gathered(shape, e), "embeddings, LM head, final norm and 2 "
                                                                        "decoder layers, whole during a step"))
     if t > 1 and split == 1:  # DistributedDataParallel's all-reduce buckets (gradient_as_bucket_view off)
-        rows.append(("DDP gradient buckets", weights(shape, e), "a flat copy of the gradients"))
+        rows.append(("DDP gradient buckets", rows[1][1], "a flat copy of the gradients"))
     if rank0:
-        rows.append(("weight transport buffers", transport_buffers(cfg, shape, e, kind),
-                     "a flat copy of the weights (ipc)" if kind == "ipc" else f"2 buckets ({kind})"))
+        rows.append(("weight transport buffers", transport_buffers(cfg, shape, e, kind), f"2 buckets ({kind})"))
+    if cfg.lora_rank:
+        rows.append(("merged weight", shape["hidden"] * shape["intermediate"] * 12,  # lora.merged: W, B A, sum
+                     "the largest linear layer merged in fp32 for the push"))
     return rows + [
             ("activations", trainer_activations(shape, e, n, seq, cfg.grad_checkpointing),
              f"{n} x {seq} tokens x {per_token / 1e6:.2f} MB" + (", recomputed per layer" if cfg.grad_checkpointing
@@ -253,14 +271,16 @@ def searcher_rows(cfg, shape, seq, machine, count=1):
         engine = ("vLLM engine" + ("s" if count > 1 else ""), count * budget, how)
         n_seq = cfg.chunk_prompts * cfg.S
     n_seq = min(n_seq, max(1, cfg.logprob_tokens // seq))  # policy.sequence_logprobs: one pass at a time
-    # gloo / nccl: two buckets, and the copies the engine holds until a layer (or the embeddings) is loaded
+    # gloo / nccl: two buckets; ipc: one bucket's copies out of the trainer's; and the copies the engine holds
+    # until a layer (or the embeddings) is loaded
     layer = (shape["params"] - shape["vocab"] * shape["hidden"]) / shape["layers"] * e
-    receive = 0 if machine["kind"] == "ipc" else (transport_buffers(cfg, shape, e, machine["kind"])
-                                                  + max(layer, shape["vocab"] * shape["hidden"] * e))
+    buffers = (min(largest_bucket(cfg, shape, e), weights(shape, e)) if machine["kind"] == "ipc"
+               else transport_buffers(cfg, shape, e, machine["kind"]))
+    receive = buffers + max(layer, shape["vocab"] * shape["hidden"] * e)
     return [("reference model" + ("s" if count > 1 else ""), count * weights(shape, e), f"{x}a frozen copy"),
             engine,
-            ("weight receive buffers", count * receive, "views of the trainer's (ipc)" if not receive else
-             f"{x}2 buckets + a layer's copies ({machine['kind']})"),
+            ("weight receive buffers", count * receive, f"{x}a bucket's copies + a layer's (ipc)"
+             if machine["kind"] == "ipc" else f"{x}2 buckets + a layer's copies ({machine['kind']})"),
             ("log-probs, no grad", count * nograd_forward(shape, e, n_seq, seq), f"{x}{n_seq} x {seq} tokens"),
             ("CUDA context", count * CONTEXT_GB * GB, f"{x}allowance per process")]
 
@@ -308,9 +328,11 @@ def advice(cfg, shape, prompt_tokens, machine):
     caps = [t for t in range(cfg.max_new_tokens - 16, 15, -16) if fits(dataclasses.replace(cfg, max_new_tokens=t))]
     found += [f"max_new_tokens={caps[0]}"] if caps else []
     trainers = [t for t in (2, 4, 8) if t > cfg.n_trainers and cfg.B % t == 0  # the trainer's states split t ways
-                and fits(dataclasses.replace(cfg, n_trainers=t, trainer_parallel="fsdp"), own)]
+                and not cfg.lora_rank and fits(dataclasses.replace(cfg, n_trainers=t, trainer_parallel="fsdp"), own)]
     if trainers:
         found.append(f"n_trainers={trainers[0]} trainer_parallel=fsdp ({trainers[0] + cfg.n_searchers} GPUs)")
+    if not cfg.lora_rank and not cfg.weight_delay and fits(dataclasses.replace(cfg, lora_rank=64)):
+        found.append("lora_rank=64 (adapters train, not the whole model)")
     if found:
         return "it fits with " + " or ".join(found)
     both = [m for m in range(micro_batch(cfg), least - 1, -1) if (m % cfg.K == 0 or cfg.loss in SPLITS)

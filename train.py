@@ -127,6 +127,9 @@ def find_resume(cfg):
         raise ConfigError(f"resume: {path} was written with weight_delay={written}; resume with that, not "
                           f"weight_delay={cfg.weight_delay}")
     found = checkpoint.meta(path) if path else {}
+    if path and found.get("lora_rank", 0) != cfg.lora_rank:  # adapters on the base model, or whole weights
+        raise ConfigError(f"resume: {path} was written with lora_rank={found.get('lora_rank', 0)}; resume with that, "
+                          f"not lora_rank={cfg.lora_rank}")
     for key, value in found.get("buffer_keys", {}).items():  # its buffer: prompt ids and samples of that data
         if getattr(cfg, key) != value:
             raise ConfigError(f"resume: {path} was written with {key}={value}, and its replay buffer holds that run's "

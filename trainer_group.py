@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 import failures
+import lora
 from failures import Stop
 from policy import token_logprobs
 
@@ -221,7 +222,7 @@ class Group:
         calls it (rank 0 tells the others): torch.distributed.checkpoint.state_dict.get_model_state_dict with
         full_state_dict and cpu_offload (https://pytorch.org/docs/stable/distributed.checkpoint.html)."""
         if not self.sharded():
-            return self.model.state_dict()
+            return lora.merged_weights(self.model, buffers=True)  # lora: adapters merged, under the base's names
         self.tell(Command.STATE)
         return self.full_state_dict()
 

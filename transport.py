@@ -5,9 +5,9 @@ Weights travel in the engine dtype as a few flat buckets (at most bucket_mb each
   nccl  one GPU per rank: broadcast of each bucket over a private NCCL group
         Both stream: each side holds two bucket buffers, not a copy of the model. The trainer fills one while the
         other's broadcast is in flight; a searcher receives the next bucket while the engine loads the current one.
-  ipc   ranks sharing one GPU (NCCL refuses that): the trainer's bucket memory (the whole model) is shared once
-        through CUDA IPC handles; each push is a device copy into the buckets, a barrier, the searchers copy out (and
-        synchronise), a second barrier
+  ipc   ranks sharing one GPU (NCCL refuses that): the trainer's two bucket buffers are shared once through CUDA
+        IPC handles; each bucket is a device copy into one of them and a barrier, after which the searchers copy it
+        out (and synchronise) while the trainer fills the other; the next barrier frees the first again
 The receiver yields (name, tensor) pairs in Hugging Face checkpoint naming; the engine loads them as they come.
 """
 import os
@@ -16,6 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 
+import lora
 from config import ConfigError
 from policy import DTYPES
 
@@ -72,29 +73,31 @@ class WeightTransport:
     def __init__(self, comm, kind, dtype, bucket_mb, device, model=None):
         self.comm, self.kind, self.device = comm, kind, device
         self.dtype = DTYPES[dtype]
-        meta = [(n, tuple(p.shape)) for n, p in model.named_parameters()] if comm.rank == 0 else None
+        meta = [(n, tuple(p.shape)) for n, p in model.named_parameters() if not lora.is_adapter(n)] \
+            if comm.rank == 0 else None  # lora: the base model's names; the push sends its merged weights
         meta = comm.broadcast_object(meta)  # rank 0's parameter list is the authority
         elem = torch.empty(0, dtype=self.dtype).element_size()
         self.buckets = plan_buckets(meta, bucket_mb * 2**20, elem)
-        self.params = dict(model.named_parameters()) if model is not None else None
-        if kind == "ipc":
-            self._setup_ipc()
-            self.bytes = sum(f.numel() for f in self.flat) * elem
-        else:  # two bucket buffers per side (streaming); a bucket is a view of its first numbers
-            largest = max(sum(n for *_, n in b) for b in self.buckets)
-            self.flat = [torch.empty(largest, dtype=self.dtype, device=device) for _ in range(min(2, len(self.buckets)))]
+        self.params = lora.merged_weights(model) if model is not None else None
+        # two bucket buffers per side (streaming); a bucket is a view of its first numbers
+        largest = max(sum(n for *_, n in b) for b in self.buckets)
+        count = min(2, len(self.buckets))
+        if kind == "ipc":  # the trainer's two, shared: a searcher's are views of them
+            self._share_ipc(largest, count)
+        else:
+            self.flat = [torch.empty(largest, dtype=self.dtype, device=device) for _ in range(count)]
             self.pg = new_nccl_group(comm) if kind == "nccl" else comm.new_gloo_group("weights")
-            self.bytes = len(self.flat) * largest * elem
+        self.bytes = count * largest * elem
 
-    def _setup_ipc(self):
+    def _share_ipc(self, numel, count):
         from torch.multiprocessing.reductions import reduce_tensor
         handles = None
         if self.comm.rank == 0:
-            self.flat = [torch.empty(sum(n for *_, n in b), dtype=self.dtype, device=self.device) for b in self.buckets]
+            self.flat = [torch.empty(numel, dtype=self.dtype, device=self.device) for _ in range(count)]
             handles = [reduce_tensor(f) for f in self.flat]
         handles = self.comm.broadcast_object(handles)
         if self.comm.rank != 0:
-            self.flat = [fn(*args) for fn, args in handles]  # views of the trainer's bucket memory
+            self.flat = [fn(*args) for fn, args in handles]  # views of the trainer's bucket buffers
 
     @staticmethod
     def _fill(flat, bucket, source):
@@ -108,11 +111,11 @@ class WeightTransport:
         t0 = time.perf_counter()
         source = self.params if source is None else source
         if self.kind == "ipc":
-            for flat, bucket in zip(self.flat, self.buckets):
-                self._fill(flat, bucket, source)
-            torch.cuda.synchronize()
-            self.comm.barrier()  # buckets ready
-            self.comm.barrier()  # every searcher has copied them out
+            for i, bucket in enumerate(self.buckets):  # buffer i % 2 held bucket i - 2, copied out before barrier i - 1
+                self._fill(self.flat[i % len(self.flat)], bucket, source)
+                torch.cuda.synchronize()
+                self.comm.barrier()  # bucket i is ready; every searcher has copied bucket i - 1 out
+            self.comm.barrier()  # every searcher has copied the last bucket out
             return time.perf_counter() - t0
         sending = [None] * len(self.flat)  # the broadcast in flight from each buffer
         for i, bucket in enumerate(self.buckets):
@@ -138,14 +141,12 @@ class WeightTransport:
 
     def pull(self):
         """Searchers: receive the weights. Returns an iterator of (name, tensor) for the engine's load and a `done`
-        callable to run once the engine has loaded them (ipc: views of the trainer's buckets; gloo / nccl: the
-        buckets arrive while the iterator is read, one ahead, and each tensor is a copy of its own, so a loader that
-        keeps some until a layer is complete, as vLLM's layer-wise reload does, keeps valid ones)."""
+        callable to run once the engine has loaded them. The buckets arrive while the iterator is read (gloo /
+        nccl: one ahead; ipc: the trainer fills the next while this one is copied out), and each tensor is a copy of
+        its own, so a loader that keeps some until a layer is complete, as vLLM's layer-wise reload does, keeps valid
+        ones."""
         if self.kind == "ipc":
-            self.comm.barrier()
-            return iter([(name, flat[off : off + numel].view(shape))
-                         for flat, bucket in zip(self.flat, self.buckets) for name, shape, off, numel in bucket]), \
-                self._ipc_done
+            return self._ipc_stream(), self.comm.barrier  # the last barrier: the trainer's buffers are free
         return self._stream(), lambda: None
 
     def _stream(self):
@@ -159,11 +160,13 @@ class WeightTransport:
                 arriving[k] = self._start(self.flat[k], self.buckets[i + n])
             yield from named
 
-    def _ipc_done(self):
-        """The engine's copies out of the trainer's buckets are asynchronous device copies: they must be finished
-        before the second barrier lets the trainer write the buckets again."""
-        torch.cuda.synchronize()
-        self.comm.barrier()
+    def _ipc_stream(self):
+        for i, bucket in enumerate(self.buckets):
+            self.comm.barrier()  # bucket i is in the trainer's buffer i % 2
+            flat = self.flat[i % len(self.flat)]
+            named = [(name, flat[off : off + numel].view(shape).clone()) for name, shape, off, numel in bucket]
+            torch.cuda.synchronize()  # the copies are asynchronous: done before the next barrier frees the buffer
+            yield from named
 
     def close(self, failed=False):
         """At exit: shut the NCCL group down (abort it after a failure: its peers may be gone)."""

@@ -266,9 +266,33 @@ def test_ipc_searcher_synchronises_before_releasing_the_trainer(monkeypatch):
     meta = [("w", (4, 4)), ("b", (4,))]
     comm = fake_comm(1, 2, events=events, objects=[meta, [(torch.zeros, (20,))]])  # the meta, then the IPC handles
     weights = transport.WeightTransport(comm, "ipc", "float32", 1, "cuda")
-    loaded = types.SimpleNamespace(load_weights=lambda named: events.append("load"))
+    loaded = types.SimpleNamespace(load_weights=lambda named: [events.append(f"load {n}") for n, _ in named])
     sync.searcher_round(comm, weights, sync.Flag.WEIGHTS, None, loaded, None, None, None)
-    assert events == ["gather", "barrier", "load", "synchronize", "barrier"]
+    assert events == ["gather", "barrier", "synchronize", "load w", "load b", "barrier"]
+
+
+def test_ipc_streams_through_two_shared_buffers(monkeypatch):
+    """Three buckets through the trainer's two IPC buffers: each bucket is written and synchronised before the
+    barrier that hands it over, bucket 3 reuses buffer 1 only after the barrier that follows bucket 2 (every
+    searcher has copied bucket 1 out by then), and a last barrier frees the buffers."""
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("synchronize"))
+    meta = [("a", (256, 640)), ("b", (256, 640)), ("c", (256, 640))]  # 0.625 MiB each: one bucket each at 1 MiB (fp32)
+    monkeypatch.setattr(torch.multiprocessing.reductions, "reduce_tensor", lambda t: (lambda: t, ()))
+    comm = fake_comm(0, 2, events=events)
+    monkeypatch.setattr(torch, "empty", lambda n, dtype=None, device=None: torch.zeros(n, dtype=dtype))
+    model = torch.nn.Module()
+    for name, shape in meta:
+        model.register_parameter(name, torch.nn.Parameter(torch.zeros(shape)))
+    weights = transport.WeightTransport(comm, "ipc", "float32", 1, "cuda", model)
+    assert len(weights.buckets) == 3 and len(weights.flat) == 2
+    filled = []
+    monkeypatch.setattr(transport.WeightTransport, "_fill", staticmethod(
+        lambda flat, bucket, src: filled.append((len(events), id(flat), bucket[0][0]))))
+    weights.push()
+    assert events == ["synchronize", "barrier"] * 3 + ["barrier"]
+    assert [f[2] for f in filled] == ["a", "b", "c"] and filled[0][1] == filled[2][1] != filled[1][1]
+    assert filled[2][0] == 4  # bucket c written after the second barrier
 
 
 # ---------------------------------------------------------------- 6. lengths: every prompt, the model's positions
