@@ -135,14 +135,15 @@ class VLLMEngine:
         kw = vllm_memory_args(cfg, device, engines_per_gpu)
         # In-flight search keeps the KV cache of running requests across a weight update (PipelineRL's choice: the
         # tokens after the update attend to keys and values computed under the old weights; recomputing them, with
-        # reset_prefix_cache(reset_running_requests=True), would cost a prefill of every running sequence). Prefix
-        # caching is off there: a new request could reuse a prompt prefix cached under old weights, and the
+        # reset_prefix_cache(reset_running_requests=True), would cost a prefill of every running sequence). The
         # reset_prefix_cache() of load_weights only resets while no request runs (vllm/v1/core/sched/scheduler.py,
-        # Scheduler.reset_prefix_cache), which in flight never happens. Cost: each of a visit's S requests prefills.
-        inflight = cfg.inflight and cfg.asynchronous
+        # Scheduler.reset_prefix_cache), which in flight never happens, so each in-flight request carries the
+        # version of the loaded weights as its cache_salt (add): vLLM mixes the salt into the hash of a prompt's
+        # first block (vllm/v1/core/kv_cache_utils.py), so the S requests of a visit share their prompt's prefill
+        # and no request reuses a prefix cached under older weights.
         self.llm = LLM(model=cfg.model, dtype=cfg.dtype, seed=seed, enforce_eager=device == "cpu",
                        max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=False,
-                       enable_prefix_caching=not inflight, **kw)
+                       enable_prefix_caching=True, **kw)
         self.bind(self.llm, eos_id)
 
     def bind(self, llm, eos_id):
@@ -204,9 +205,10 @@ class VLLMEngine:
         """Start n one-sample requests for `prompt`; each comes back in self.finished with `key`."""
         from vllm.inputs import TokensPrompt
         params = self.params(1, temperature, max_new_tokens, delta=True)
+        salted = TokensPrompt(prompt_token_ids=list(prompt), cache_salt=f"weights-{self.version}")  # see __init__
         for _ in range(n):
             rid = str(next(self.ids))
-            self.llm.llm_engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), params)
+            self.llm.llm_engine.add_request(rid, salted, params)
             self.flight[rid] = dict(key=key, tokens=[], logprobs=[], versions=[])
 
     def step(self):

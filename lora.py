@@ -25,9 +25,9 @@ ADAPTERS = "adapters.pth"  # in a checkpoint: {name: tensor} of every lora_A / l
 
 def _delta(module, args, output):
     """Forward hook: the linear layer's output plus its low-rank update."""
-    x = args[0]
-    return output + (x.to(module.lora_A.dtype) @ module.lora_A.t() @ module.lora_B.t()).to(output.dtype) \
-        * module.lora_scale
+    x = args[0].to(module.lora_A.dtype)
+    return output + torch.nn.functional.linear(torch.nn.functional.linear(x, module.lora_A), module.lora_B).to(
+        output.dtype) * module.lora_scale
 
 
 def targets(model):

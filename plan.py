@@ -162,21 +162,27 @@ def fsdp_gathered(shape, e):
 
 
 def lm_head_chunk(shape, tokens):
-    # one checkpointed chunk of min(tokens, 2048) tokens x vocab, recomputed in backward: bf16 logits, their fp32 copy,
-    # logits / temperature and the fp32 gradient: ~16 bytes per logit at backward's peak
+    """One checkpointed chunk of min(tokens, 2048) tokens x vocab (policy.token_logprobs), at backward's peak: the
+    recomputed forward's fp32 logits / temperature, and in the backward the gradient through logsumexp (a softmax),
+    the gather's scattered gradient and their sum: ~16 bytes per logit (checked on a CPU:
+    scripts/plan_vs_measured.py)."""
     return min(tokens, HEAD_CHUNK) * shape["vocab"] * 16
 
 
 def nograd_forward(shape, e, n_seq, seq):
     """Peak of a forward without gradients over n_seq x seq tokens (one pass of policy.sequence_logprobs: reference
-    log-probs, HF behaviour log-probs): nothing is saved and no KV cache kept (use_cache=False), so one MLP's live
-    tensors (act(gate), up, their product: 3i; 2i without a gate) and ~8h of hidden-sized ones (residual, norm,
-    attention, last hidden state), the boolean padding mask (n_seq x seq^2) and the LM-head chunk (~12 bytes per logit
-    in forward). Checked on a CPU (scripts/plan_vs_measured.py, docs/performance.md): it over-counts there."""
+    log-probs, HF behaviour log-probs): nothing is saved and no KV cache kept (use_cache=False), so the peak is the
+    larger of two phases, not their sum. The body: one MLP's live tensors (act(gate), up, their product: 3i; 2i
+    without a gate) beside the residual stream, the layer's input and its normed copy (3h), and the boolean padding
+    mask (n_seq x seq^2). The LM head, after the body has returned: the last hidden states and the gathered response
+    ones (2 e h per token) and one chunk's logits at 8 bytes each (token_logprobs: fp32 logits / temperature, then
+    logsumexp's one fp32 temporary, (x - max).exp_(); a bf16 head output is freed once .float() has copied it).
+    Checked on a CPU (scripts/plan_vs_measured.py, docs/performance.md)."""
     tokens = n_seq * seq
     h, i = shape["hidden"], shape["intermediate"]
-    live = e * ((3 if shape["gated"] else 2) * i + 8 * h)
-    return tokens * live + n_seq * seq * seq + min(tokens, HEAD_CHUNK) * shape["vocab"] * 12
+    body = tokens * e * ((3 if shape["gated"] else 2) * i + 3 * h) + n_seq * seq * seq
+    head = tokens * 2 * e * h + min(tokens, HEAD_CHUNK) * shape["vocab"] * 8
+    return max(body, head)
 
 
 def hf_kv_cache(cfg, shape, e, seq):

@@ -9,9 +9,13 @@
 #     restart, every step logged once); with a GPU per rank for 3+ ranks (and on CPU) a trainer rank of n_trainers=2
 #     SIGKILLed must end the job within 150 s naming it, though rank 0 waits in a collective (NCCL: the watchdog)
 # and once: 4. a bare forward+backward+AdamW of one micro-batch, the MFU the loop is compared with.
+# SHAPE=7b instead runs the 7B-shaped memory checks alone (scripts/plan_vs_measured.py --shape 7b, ~4 minutes on one
+# GPU of 80+ GB): Qwen2.5-7B-shaped random bf16 weights, a train step of the MATH recipe's micro-batch (8 x 2304,
+# checkpointed), of its LoRA variant (4 x 2304, rank 64) and the searcher's reference pass, each one's peak GPU memory
+# against the plan (PASS: within 25%).
 # Prints one PASS/FAIL table (probe match, sync and push seconds, MFU, trainer and searcher tokens/s, peak memory; by
 # scripts/gpu_check_table.py) and exits 1 when a check failed. Every step has a timeout, all share BUDGET_S seconds.
-# Env: OUT (results, logs: out/gpu_check), PY (python3), SHAPE (all | tiny | 1b; CPU: tiny), ENGINE (vllm | hf),
+# Env: OUT (results, logs: out/gpu_check), PY (python3), SHAPE (all | tiny | 1b | 7b; CPU: tiny), ENGINE (vllm | hf),
 #      PEAK_TFLOPS (790, the H200's measured bf16 peak: set yours for the MFU), BUDGET_S (540).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +52,13 @@ SHAPE=${SHAPE:-all}; DTYPE=bfloat16; PEAK=$PEAK_TFLOPS
 MODELS=$SHAPE; [ "$SHAPE" = all ] && MODELS="tiny 1b"
 TSHAPE=tiny; [ "$SHAPE" != tiny ] && TSHAPE=tinyllama
 echo "GPUs: ${GPUS:-none}; layouts: $LAYOUTS; models: $MODELS; engine: $ENGINE; results: $OUT"
+
+if [ "$SHAPE" = 7b ]; then
+  [ ${#G[@]} -eq 0 ] && echo "SHAPE=7b needs a GPU" && exit 2
+  check "plan-7b" plan "$OUT/plan_7b.json" 500 env CUDA_VISIBLE_DEVICES=${G[0]} $PY scripts/plan_vs_measured.py \
+    --shape 7b --json "$OUT/plan_7b.json"
+  LAYOUTS=; MODELS=
+fi
 
 if [[ " $MODELS " == *" 1b "* ]] && [ ! -d "$OUT/model_1b" ]; then
   echo "== building the 1.1B-shaped random model in $OUT/model_1b"
@@ -103,7 +114,7 @@ for LAYOUT in $LAYOUTS; do
 done
 
 BARE=tiny; BARE_MODEL=assets/tiny-arith/sft; [ "$TSHAPE" = tinyllama ] && BARE=1b && BARE_MODEL=$OUT/model_1b
-check "bare-$BARE" bare "$OUT/bare.json" 90 env CUDA_VISIBLE_DEVICES=${G[0]:-} $PY - "$BARE_MODEL" "$OUT/bare.json" \
+[ "$SHAPE" != 7b ] && check "bare-$BARE" bare "$OUT/bare.json" 90 env CUDA_VISIBLE_DEVICES=${G[0]:-} $PY - "$BARE_MODEL" "$OUT/bare.json" \
   "$PEAK" <<'PYEOF'
 # bare forward + backward + AdamW of one micro-batch: 20 x 552 tokens on a GPU (GSM8K's shape), 8 x 128 on a CPU
 import json, sys, time, torch

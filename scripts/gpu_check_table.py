@@ -7,6 +7,7 @@ Each line of checks.tsv: case, kind (train | transport | bare | kill), exit stat
   transport: scripts/check_transport.py's json; PASS when it exited 0 and the push was verified bit for bit
   bare:      the bare forward+backward json; PASS when it exited 0
   kill:      scripts/kill_check.py's json; PASS when the job healed or stopped as expected, leaving no process
+  plan:      scripts/plan_vs_measured.py's json; PASS when every case's planned memory is within 25% of the measured
 """
 import json
 import os
@@ -85,6 +86,16 @@ def kill_row(rc, path):
     return bool(res["passed"]), {}, res["note"][:100] + after
 
 
+def plan_row(rc, path):
+    rows = json.load(open(path)) if os.path.exists(path) else []
+    if rc != 0 or not rows:
+        return False, {}, f"exit {rc}" + (" (timeout)" if rc in (124, 137) else "")
+    ratios = [r["plan_over_measured"] for r in rows]
+    peak = max(r.get("peak_gb", 0.0) for r in rows)
+    note = f"plan / measured {min(ratios):.2f}..{max(ratios):.2f} over {len(rows)} cases"
+    return all(0.75 <= x <= 1.25 for x in ratios), {"peak GB": f"{peak:.1f}" if peak else "-"}, note
+
+
 def main(checks_file):
     table, failed = [], 0
     for line in open(checks_file):
@@ -93,7 +104,7 @@ def main(checks_file):
         case, kind, rc, path, log = line.rstrip("\n").split("\t")
         try:
             ok, figures, note = {"train": train_row, "transport": transport_row, "bare": bare_row,
-                                "kill": kill_row}[kind](int(rc), path)
+                                "kill": kill_row, "plan": plan_row}[kind](int(rc), path)
         except Exception as e:  # an unreadable result is a failed check, not a crash of the table
             ok, figures, note = False, {}, f"unreadable result: {type(e).__name__}: {e}"[:100]
         if not ok:

@@ -1,16 +1,25 @@
-"""The memory plan (plan.py) against a measurement on this machine's CPU: a train step's activation memory and a
-searcher's no-grad log-prob pass, for a mid-size random Llama, each case in a fresh process.
+"""The memory plan (plan.py) against a measurement: a train step's activation memory and a searcher's no-grad log-prob
+pass, for a random model of a given shape, each case in a fresh process.
 
-    python scripts/plan_vs_measured.py [--json out/plan_vs_measured.json]
+    python scripts/plan_vs_measured.py [--json out/plan_vs_measured.json]            this machine's CPU, a mid-size Llama
+    python scripts/plan_vs_measured.py --shape 7b [--json ...]                       one GPU, the Qwen2.5-7B shape
+                                                                                     (scripts/gpu_check.sh runs it)
 
-Model: 12 layers, hidden 512, MLP 1376, 8 heads, vocab 32000, float32 (71M parameters), built here with random weights.
+CPU: 12 layers, hidden 512, MLP 1376, 8 heads, vocab 32000, float32 (71M parameters), built here with random weights.
 Train step: token_logprobs + the TB loss + backward on n samples of 1024 tokens (a 32-token prompt + 992 response
 tokens), as Learner.update runs a micro-batch. Measured: the process's peak RSS during the step minus its RSS just
 before it (after a warm-up step on 2 short samples has allocated the gradients and AdamW states), against the plan's
-activations + LM-head chunk for the same shape, n and sequence. Searcher: policy.sequence_logprobs over 16 sequences
-of 1024 tokens at logprob_tokens 16384 (one pass) and 4096 (four passes), against the plan's no-grad forward.
-On a CPU the glibc allocator and PyTorch's CPU kernels decide what the RSS shows; a GPU's peak allocated memory
-(torch.cuda.max_memory_allocated, scripts/gpu_check.sh) is the figure the plan is meant for.
+activations + LM-head chunk for the same shape, n and sequence. Searcher: policy.sequence_logprobs over 48 sequences
+of 1024 tokens at logprob_tokens 49152 (one pass) and 4096 (twelve passes), against the plan's no-grad forward.
+On a CPU the glibc allocator and PyTorch's CPU kernels decide what the RSS shows: each case runs with
+MALLOC_MMAP_THRESHOLD_=65536, so that every large tensor is its own mapping, returned when freed (glibc's default
+raises that threshold as blocks are freed, after which freed tensors stay in the heap and the RSS counts them: a LoRA
+step then showed 1.5 GB more than full fine-tuning, with fewer live tensors).
+--shape 7b: Qwen2.5-7B's shape in bfloat16 on the GPU, sequences of 2304 tokens (256 prompt + 2048 new: the MATH
+recipe's), the micro-batches of configs/math_tba_prime.yaml (8, checkpointed) and of its LoRA variant (4, rank 64),
+and the searcher's pass at logprob_tokens 16384 and 8192. Measured: torch.cuda.max_memory_allocated during the case
+minus memory_allocated before it; the whole peak (weights, gradients, AdamW states too) is reported beside the plan's
+sum of the same rows.
 """
 import argparse
 import json
@@ -22,14 +31,23 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=12, num_attention_heads=8,
              num_key_value_heads=8, tie_word_embeddings=False)
-PROMPT, RESPONSE = 32, 992
+QWEN_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+               num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)  # plan.KNOWN_SHAPES's
+LENGTHS = {"cpu": (32, 992), "7b": (256, 2048)}  # (prompt, response) tokens
+CASES_7B = [  # (name, kind, n sequences, grad_checkpointing, logprob_tokens); kind lora: rank-64 adapters
+    ("7B train, 8 x 2304, checkpointed (math_tba_prime)", "train", 8, True, 0),
+    ("7B LoRA train, 4 x 2304, checkpointed (..._lora)", "lora", 4, True, 0),
+    ("7B searcher log-probs, 7 x 2304, logprob_tokens 16384", "ref", 7, False, 16384),
+    ("7B searcher log-probs, 3 x 2304, logprob_tokens 8192", "ref", 3, False, 8192),
+]
 CASES = [  # (name, kind, n sequences, grad_checkpointing, logprob_tokens)
     ("train, 4 x 1024, whole", "train", 4, False, 0),
     ("train, 4 x 1024, checkpointed", "train", 4, True, 0),
     ("train, 2 x 1024 (micro-batch below K = 4)", "train", 2, False, 0),
     ("train, 1 x 1024 (micro-batch below K = 4)", "train", 1, False, 0),
-    ("searcher log-probs, 16 x 1024, one pass", "ref", 16, False, 16384),
-    ("searcher log-probs, 16 x 1024, 4096 at a time", "ref", 16, False, 4096),
+    ("train, 4 x 1024, LoRA rank 64", "lora", 4, False, 0),
+    ("searcher log-probs, 48 x 1024, one pass", "ref", 48, False, 49152),
+    ("searcher log-probs, 48 x 1024, 4096 at a time", "ref", 48, False, 4096),
 ]
 
 
@@ -38,79 +56,130 @@ def rss_gb():
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
 
 
-def measure(kind, n, checkpointed, budget):
-    """In this (fresh) process: GB the case adds above the RSS before it."""
+def build(shape):
+    """A random model of `shape` ("cpu": the mid-size Llama in float32 on the CPU; "7b": Qwen2.5-7B in bfloat16 on
+    the GPU) and its vocabulary size."""
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    if shape == "cpu":
+        return LlamaForCausalLM(LlamaConfig(**SHAPE)), SHAPE["vocab_size"]
+    torch.set_default_dtype(torch.bfloat16)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(Qwen2Config(**QWEN_7B))
+    torch.set_default_dtype(torch.float32)
+    return model, QWEN_7B["vocab_size"]
 
+
+def measure(shape, kind, n, checkpointed, budget):
+    """In this (fresh) process: (GB the case adds above what was allocated before it, the whole peak in GB)."""
+    import torch
+
+    import lora
     from losses import tb_loss
     from policy import sequence_logprobs, token_logprobs
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(**SHAPE))
+    model, vocab = build(shape)
+    gpu = shape != "cpu"
+    if kind == "lora":
+        lora.add(model, 64, 64.0)
     if checkpointed:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    prompt, response = LENGTHS[shape]
     g = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(4, 32000, (PROMPT,), generator=g).tolist() for _ in range(n)]
-    responses = [torch.randint(4, 32000, (RESPONSE,), generator=g).tolist() for _ in range(n)]
+    prompts = [torch.randint(4, vocab, (prompt,), generator=g).tolist() for _ in range(n)]
+    responses = [torch.randint(4, vocab, (response,), generator=g).tolist() for _ in range(n)]
+
+    def now():
+        return torch.cuda.memory_allocated() / 2**30 if gpu else rss_gb()
     if kind == "ref":
         model.eval()
         sequence_logprobs(model, prompts[:1], [responses[0][:8]], 1.0, budget)  # warm-up
-        before = rss_gb()
+        before = now()
+        if gpu:
+            torch.cuda.reset_peak_memory_stats()
         sequence_logprobs(model, prompts, responses, 1.0, budget)
     else:
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-6)
 
         def step(p, r):
             logp, mask = token_logprobs(model, p, r, 1.0)
-            seq = (logp * mask).sum(1)
-            tb_loss(seq, seq.detach() * 0.9, torch.ones(len(p)), 0.1, torch.zeros(len(p))).backward()
+            seq = (logp.float() * mask).sum(1)
+            tb_loss(seq, seq.detach() * 0.9, torch.ones(len(p), device=seq.device), 0.1,
+                    torch.zeros(len(p), device=seq.device)).backward()
             opt.step()
             opt.zero_grad(set_to_none=False)  # gradients stay allocated, as the plan counts them
         step([p[:4] for p in prompts[:2]], [r[:4] for r in responses[:2]])  # allocates gradients and AdamW states
-        before = rss_gb()
+        before = now()
+        if gpu:
+            torch.cuda.reset_peak_memory_stats()
         step(prompts, responses)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    return peak - before
+    if gpu:
+        peak = torch.cuda.max_memory_allocated() / 2**30
+        return peak - before, peak
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20 - before, 0.0
 
 
-def planned(kind, n, checkpointed):
-    """The plan's GB for the same case (float32: 4 bytes)."""
+def plan_shape(shape):
+    cfg = SHAPE if shape == "cpu" else QWEN_7B
+    params = 7_615_616_512 if shape == "7b" else 0  # the published count (plan.KNOWN_SHAPES)
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    return dict(params=params, layers=cfg["num_hidden_layers"], hidden=h, intermediate=cfg["intermediate_size"],
+                heads=heads, kv_dim=cfg["num_key_value_heads"] * h // heads, vocab=cfg["vocab_size"], gated=True)
+
+
+def planned(shape, kind, n, checkpointed):
+    """The plan's GB for the same case: (what the case adds, the whole peak: with the weights, and for a train step
+    the gradients and AdamW states, as the plan's trainer rows count them)."""
     import plan
-    shape = dict(params=0, layers=SHAPE["num_hidden_layers"], hidden=SHAPE["hidden_size"],
-                 intermediate=SHAPE["intermediate_size"], heads=SHAPE["num_attention_heads"],
-                 kv_dim=SHAPE["hidden_size"], vocab=SHAPE["vocab_size"], gated=True)
-    seq = PROMPT + RESPONSE
+    s, e = plan_shape(shape), 4 if shape == "cpu" else 2
+    prompt, response = LENGTHS[shape]
+    seq = prompt + response
     if kind == "ref":
-        return plan.nograd_forward(shape, 4, n, seq) / 2**30
-    return (plan.trainer_activations(shape, 4, n, seq, checkpointed) + plan.lm_head_chunk(shape, n * RESPONSE)) / 2**30
+        added = plan.nograd_forward(s, e, n, seq)
+        return added / 2**30, (added + plan.weights(s, e)) / 2**30
+    added = plan.trainer_activations(s, e, n, seq, checkpointed) + plan.lm_head_chunk(s, n * response)
+    if kind == "lora":
+        a = plan.lora_params(s, 64)
+        states = (s["params"] + a) * e + 3 * a * e
+    else:
+        states = plan.weights(s, e) * 2 + plan.adamw_states(s, e)
+    return added / 2**30, (added + states) / 2**30
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default="")
+    ap.add_argument("--shape", choices=("cpu", "7b"), default="cpu")
     ap.add_argument("--case", type=int, default=-1, help=argparse.SUPPRESS)  # one case, in a fresh process
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
+    cases = CASES if a.shape == "cpu" else CASES_7B
     if a.case >= 0:
-        name, kind, n, ckpt, budget = CASES[a.case]
-        print(json.dumps(measure(kind, n, ckpt, budget)))
+        name, kind, n, ckpt, budget = cases[a.case]
+        print(json.dumps(measure(a.shape, kind, n, ckpt, budget)))
         return 0
     rows = []
-    for i, (name, kind, n, ckpt, budget) in enumerate(CASES):
-        p = subprocess.run([sys.executable, __file__, "--case", str(i)], capture_output=True, text=True, cwd=ROOT,
-                           env=dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=ROOT))
+    seq = sum(LENGTHS[a.shape])
+    for i, (name, kind, n, ckpt, budget) in enumerate(cases):
+        p = subprocess.run([sys.executable, __file__, "--shape", a.shape, "--case", str(i)], capture_output=True,
+                           text=True, cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS="2", PYTHONPATH=ROOT,
+                                                         MALLOC_MMAP_THRESHOLD_="65536"))
         if p.returncode:
             print(p.stderr[-2000:], file=sys.stderr)
             return 1
-        got = float(p.stdout.strip().splitlines()[-1])
+        got, got_peak = json.loads(p.stdout.strip().splitlines()[-1])
         # the searcher's budgeted passes: the plan counts one pass of budget // seq sequences
-        n_plan = n if kind == "train" else min(n, budget // (PROMPT + RESPONSE))
-        want = planned(kind, n_plan, ckpt)
-        rows.append(dict(case=name, measured_gb=round(got, 3), planned_gb=round(want, 3),
-                         plan_over_measured=round(want / got, 2)))
-        print(f"{name:<50} measured {got:6.2f} GB   plan {want:6.2f} GB   plan / measured {want / got:5.2f}",
-              flush=True)
+        n_plan = min(n, max(1, budget // seq)) if kind == "ref" else n
+        want, want_peak = planned(a.shape, kind, n_plan, ckpt)
+        row = dict(case=name, measured_gb=round(got, 3), planned_gb=round(want, 3),
+                   plan_over_measured=round(want / got, 2))
+        line = f"{name:<54} measured {got:6.2f} GB   plan {want:6.2f} GB   plan / measured {want / got:5.2f}"
+        if got_peak:
+            row.update(peak_gb=round(got_peak, 2), planned_peak_gb=round(want_peak, 2))
+            line += f"   whole peak {got_peak:6.1f} GB, plan {want_peak:6.1f} GB"
+        rows.append(row)
+        print(line, flush=True)
     if a.json:
         os.makedirs(os.path.dirname(os.path.abspath(a.json)), exist_ok=True)
         with open(a.json, "w") as f:

@@ -420,3 +420,20 @@ def test_gpu_check_table_judges_a_fault_check_by_its_result(tmp_path):
     bad = table(("own-kill-searcher", 0, healed), ("own-kill-trainer", 1, hung), ("x", 124, tmp_path / "none"))
     assert bad.returncode == 1 and "2 FAILED" in bad.stdout and "still running 150 s" in bad.stdout
 
+
+
+def test_gpu_check_table_judges_the_7b_memory_check_by_the_plans_error(tmp_path):
+    """A plan row passes when every case's plan / measured is within 25%, and fails when one is outside it."""
+    checks = tmp_path / "checks.tsv"
+
+    def table(ratios):
+        result = tmp_path / "plan.json"
+        result.write_text(json.dumps([dict(case=f"c{i}", measured_gb=1.0, planned_gb=r, plan_over_measured=r,
+                                           peak_gb=70.0 + i) for i, r in enumerate(ratios)]))
+        checks.write_text(f"plan-7b\tplan\t0\t{result}\t{tmp_path}/x.log\n")
+        return subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check_table.py"), str(checks)],
+                              capture_output=True, text=True, timeout=30)
+
+    ok = table([0.9, 1.2])
+    assert ok.returncode == 0 and "plan / measured 0.90..1.20 over 2 cases" in ok.stdout and "71.0" in ok.stdout
+    assert table([0.9, 0.7]).returncode == 1

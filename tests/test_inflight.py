@@ -68,6 +68,47 @@ def test_a_sample_spanning_a_weight_update_has_each_versions_log_probs(tiny_mode
         assert np.abs(lp_old[n0:] - lp_new[n0:]).max() > 0.05  # the update did change those tokens' log-probs
 
 
+@needs_vllm
+def test_in_flight_prefix_cache_never_serves_a_prompt_cached_under_older_weights(tiny_model):
+    """Prefix caching is on in flight: a prompt prefilled under version 0 (one full 128-token block, vLLM's CPU block
+    size) is cached while its requests run on; after a load that changes every layer, a request for the same prompt
+    (the round's probe) must be computed under the new weights (each request's cache_salt is its weight version),
+    and so give the new model's greedy tokens. Without the salt it reuses the old keys and values."""
+    from config import Config
+    from engine import VLLMEngine
+    from policy import load_model, load_tokenizer
+    cfg = Config(model=tiny_model, inflight=True, max_new_tokens=40)
+    tok = load_tokenizer(tiny_model)
+    prompt = tok("Q: " + "Tom has 3 apples and buys 4 more. " * 20)["input_ids"][:140]
+    assert len(prompt) == 140
+    new = load_model(tiny_model, "float32", "cpu").eval()
+    with torch.no_grad():  # every weight moves: keys and values of the prompt differ under the new weights
+        g = torch.Generator().manual_seed(0)
+        for p in new.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1e-3) * 0.5)
+    engine = VLLMEngine(cfg, "cpu", 0, tok.eos_token_id, len(prompt) + 60)
+    try:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        params = engine.params  # the visit runs on to max_new_tokens (the SFT model would stop at once)
+        engine.params = lambda *a, **kw: SamplingParams(n=1, temperature=1.0, max_tokens=40, logprobs=0,
+                                                        ignore_eos=True, detokenize=False,
+                                                        output_kind=RequestOutputKind.DELTA)
+        engine.add("visit", prompt, 4, cfg.temperature, cfg.max_new_tokens)
+        engine.params = params
+        for _ in range(3):  # the prefill (its full block cached under version 0) and 2 decode steps
+            engine.step()
+        engine.load_weights(list(new.state_dict().items()))
+        engine.version = 1
+        assert engine.flight, engine.finished  # the visit still runs: the prefix cache could not be reset
+        probe = engine.generate([prompt], 1, 0.0, 12)[0][0][0]
+    finally:
+        engine.shutdown()
+    want = new.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                        do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    assert probe and probe == want[0, len(prompt):].tolist()[: len(probe)]
+
+
 class LateEngineCore:
     """Stands in for vLLM's LLMEngine with async scheduling (its default on GPUs): each step() samples the next token
     of every running request with the weights loaded now, and returns the tokens of the step before (a batch queue
