@@ -5,10 +5,10 @@ alone on the same prompts. A benchmark, not a test: it reports figures, it asser
     python bench.py [CONFIG] [--steps 40] [--repeats 1] [--modes async,sync,inflight] [--work equal] [key=value ...]
     -> table on stdout, out/bench/bench.json
 
---work equal (the default) holds the work per step equal across arms: the asynchronous arms run with max_reuse=1 and
-no max_prompts_per_round, so they train on at most as many samples as they generate, B x K fresh samples per step on
-average, as the synchronous arm generates for each step; the table reports each arm's fresh samples per step, and a
-speedup is printed only when they agree within 10%. --work native runs the config's own settings (e.g. the tiny
+--work equal (the default) holds the work per step equal across arms: the asynchronous arms make B prompt visits
+per trainer step, as the synchronous arm does (max_prompts_per_round = B x k / n_searchers), and run with
+max_reuse=1, so they train on at most as many samples as they generate; the table reports each arm's fresh samples
+per step, and a speedup is printed only when they agree within 10%. --work native runs the config's own settings (e.g. the tiny
 default's max_reuse=2: half the fresh samples per step in the asynchronous arms), for time per step at unequal work.
 Each arm's trainer floor is its own train seconds summed over the steps plus its weight pushes: no arm's loop can
 be shorter (the trainer is one process); loop / floor says how close an arm gets.
@@ -80,7 +80,15 @@ def standalone_tokens_per_s(cfg, n_chunks, warmup=3):
 
 MODES = {"async": ["async=true", "inflight=false"], "sync": ["async=false", "inflight=false"],
          "inflight": ["async=true", "inflight=true"]}
-EQUAL_WORK = ["max_reuse=1", "max_prompts_per_round=0"]  # --work equal, the asynchronous arms: B x K fresh per step
+
+
+def equal_work(cfg):
+    """--work equal, the asynchronous arms: B prompt visits per trainer step, as the synchronous arm makes (each
+    searcher B x k / n_searchers per round of k steps, rounded up) and max_reuse=1 (the trainer waits rather than
+    train on more than was generated). Without the cap the searchers generate whatever the trainer's time allows
+    (74 and 111 fresh samples per 64-sample step in a run of 2026-12-01), which is more work, not less."""
+    visits = -(-cfg.B * cfg.k // cfg.n_searchers)
+    return ["max_reuse=1", f"max_prompts_per_round={visits}"]
 
 
 def measure(rows, summary, launch_seconds):
@@ -105,7 +113,8 @@ def measure(rows, summary, launch_seconds):
         "push_seconds_mean": st.mean([r["sync/push_seconds"] for r in rows[1:] if "sync/push_seconds" in r]),
         "searcher_tokens_per_s_median": st.median(tps) if tps else 0.0, "staleness_hist": hist,
         "mixed_fraction_mean": st.mean(r.get("staleness/mixed_fraction", 0.0) for r in rows[1:]),
-        "fresh_samples_per_step": sum(r.get("sync/samples", 0) for r in rows[1:]) / summary["steps"],
+        # every sample generated (reuse-wait rounds too, which log no row; the initial buffer included) per step
+        "fresh_samples_per_step": summary["samples_generated"] / summary["steps"],
         # no loop can be shorter than the trainer's own work: its steps and its weight pushes
         "trainer_floor_seconds": summary["train_seconds_total"]
         + sum(r.get("sync/push_seconds", 0.0) for r in rows[1:])}
@@ -129,14 +138,14 @@ def parse_args():
     return args, [f"steps={args.steps}", "eval_every=0", "n_test=64", "time_budget_min=0", *overrides]
 
 
-def run_arms(args, overrides, modes):
+def run_arms(args, overrides, modes, cfg):
     """{mode: [the figures of each run]}: every arm `repeats` times, the arms alternating."""
     runs = {mode: [] for mode in modes}
     for i in range(args.repeats):
         for mode in runs:
             t0 = time.perf_counter()
             out_dir = os.path.join(args.out, mode if args.repeats == 1 else f"{mode}{i}")
-            extra = EQUAL_WORK if args.work == "equal" and mode != "sync" else []
+            extra = equal_work(cfg) if args.work == "equal" and mode != "sync" else []
             rows, summary = run(args.config, overrides + MODES[mode] + extra, out_dir)
             runs[mode].append(measure(rows, summary, time.perf_counter() - t0))
     return runs
@@ -195,7 +204,7 @@ def print_table(res, cols, args, cfg):
     row("weight push seconds, mean", lambda r: f"{r['push_seconds_mean']:.3f}")
     row("searcher tokens/s in the pipeline (median, per searcher)",
         lambda r: f"{r['searcher_tokens_per_s_median']:.0f}")
-    row(f"fresh samples per step (generated; the step consumes {cfg.B * cfg.K})",
+    row(f"fresh samples per step (all generated, initial buffer included; a step consumes {cfg.B * cfg.K})",
         lambda r: f"{r['fresh_samples_per_step']:.1f}")
     row("trainer floor seconds (its train steps + pushes), loop / floor",
         lambda r: f"{r['trainer_floor_seconds']:.1f}, {r['loop_over_trainer_floor']:.2f}")
@@ -232,7 +241,7 @@ def main():
     if "inflight" in modes and engine_name(cfg.engine) != "vllm":
         print("note: no in-flight arm: the HF engine generates in chunks", file=sys.stderr)
         modes.remove("inflight")
-    runs = run_arms(args, overrides, modes)
+    runs = run_arms(args, overrides, modes, cfg)
     res = results(runs, cfg, args.chunks)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "bench.json"), "w") as f:
