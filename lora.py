@@ -16,6 +16,7 @@ forward hook, so the model stays a Hugging Face model: generate, gradient checkp
 unchanged.
 """
 import math
+import os
 from collections.abc import Mapping
 
 import torch
@@ -110,7 +111,6 @@ def adapters(model):
 
 def load_adapters(model, path):
     """Resume: the adapters a checkpoint kept (adapters.pth) into `model`, which add() prepared the same way."""
-    import os
     state = torch.load(os.path.join(path, ADAPTERS), map_location="cpu", weights_only=True)
     params = dict(model.named_parameters())
     missing = sorted(set(n for n in params if is_adapter(n)) ^ set(state))
