@@ -55,7 +55,8 @@ class TrainerState:
         self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
         self.timers = runlog.Timers()
         # in the checkpoint's meta.json: a resume must match them (the buffer holds this data's prompt ids and samples)
-        self.meta = {"weight_delay": cfg.weight_delay, "lora_rank": cfg.lora_rank, "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
+        self.meta = {"weight_delay": cfg.weight_delay, "lora_rank": cfg.lora_rank,
+                     "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
         if self.group.size > 1:  # the optimizer state is in one file per trainer rank, for the same T and parallelism
             self.meta.update(n_trainers=self.group.size, trainer_parallel=self.group.parallel)
 

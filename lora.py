@@ -35,8 +35,7 @@ def targets(model):
     """The linear layers that get an adapter: every nn.Linear inside the decoder blocks (attention and MLP, the
     'all-linear' choice of QLoRA, Dettmers et al. 2023); not the embeddings or the LM head."""
     from trainer_group import decoder_layers
-    return [(name, m) for name, m in model.named_modules()
-            if isinstance(m, torch.nn.Linear) and any(m is x for b in decoder_layers(model) for x in b.modules())]
+    return [m for block in decoder_layers(model) for m in block.modules() if isinstance(m, torch.nn.Linear)]
 
 
 def add(model, rank, alpha, seed=0):
@@ -48,7 +47,7 @@ def add(model, rank, alpha, seed=0):
     for p in model.parameters():
         p.requires_grad_(False)
     gen = torch.Generator().manual_seed(seed)
-    for _, m in layers:
+    for m in layers:
         w = m.weight
         a = torch.empty(rank, m.in_features)
         bound = 1 / math.sqrt(m.in_features)  # kaiming_uniform_(a=sqrt(5)) on an (r, in) weight
@@ -80,7 +79,6 @@ class MergedWeights(Mapping):
     merged when it is read (one layer's merged copy at a time: the weight push reads them bucket by bucket)."""
 
     def __init__(self, model, buffers=False):
-        self.model = model
         tensors = model.state_dict() if buffers else dict(model.named_parameters())
         self.tensors = {n: t for n, t in tensors.items() if not is_adapter(n)}
         self.adapted = {f"{name}.weight": m for name, m in model.named_modules() if hasattr(m, "lora_A")}
