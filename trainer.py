@@ -151,7 +151,8 @@ def one_step(cfg, comm, transport, state, learner, step, signalled):
     seconds = time.perf_counter() - t0
     row.update(waited)
     row.update({"time/step_seconds": seconds, "time/wait_seconds": seconds - row["time/train_seconds"],
-                "time/elapsed_seconds": state.timers.elapsed()})
+                "time/elapsed_seconds": state.timers.elapsed(), "time/loop_seconds": state.timers.loop(),
+                "time/eval_seconds_total": state.timers.eval_s})  # the clock of time to accuracy: loop - evals
     return row, last
 
 
