@@ -144,6 +144,9 @@ class Config:
                                         "shared GPU, gloo on CPU)", choices=("auto", "gloo", "nccl", "ipc"))
     bucket_mb: int = key(256, "weights travel in flat buckets of at most this many MiB (a larger tensor is a bucket "
                               "of its own); gloo / nccl stream them through two such buffers on each side", ge=1)
+    push_overlap: bool = key(False, "gloo / nccl: the push copies the weights into a snapshot (one more copy of the "
+                                    "model in the engine dtype on rank 0) and the trainer goes on to its next step "
+                                    "while the broadcast runs; it waits for it at the next push")
     timeout_s: int = key(1800, "a collective that takes longer ends the job (all ranks on one GPU: the searchers' "
                                "engines, built in turn, must all be built within it too)", ge=1)
 

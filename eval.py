@@ -55,16 +55,20 @@ def evaluate(engine, tok, task, records, max_new_tokens, evaluator=None, timeout
         return [{"error": f"{type(e).__name__}: {e}"} for _ in records], {}
 
 
-def merge_evals(evals):
+def merge_evals(evals, task=None):
     """Each searcher's (rows, {metric: [sum, count]}) for its share of the test set -> ({metric: sum / count over
-    all searchers}, all rows sorted by test id). A metric no searcher counted is NaN."""
+    all searchers}, all rows sorted by test id). A metric no searcher counted is NaN. A task with `summarize(rows)`
+    adds the metrics it computes over all the rows (e.g. how many modes they cover)."""
     results = sorted((r for rows, _ in evals for r in rows), key=lambda r: r["id"])
     sums = {}
     for _, part in evals:
         for name, (s, n) in part.items():
             total = sums.setdefault(name, [0.0, 0])
             total[0], total[1] = total[0] + s, total[1] + n
-    return {name: s / n if n else float("nan") for name, (s, n) in sums.items()}, results
+    metrics = {name: s / n if n else float("nan") for name, (s, n) in sums.items()}
+    if hasattr(task, "summarize"):
+        metrics.update(task.summarize(results))
+    return metrics, results
 
 
 def main():
@@ -103,12 +107,14 @@ def main():
     except (ConfigError, DataError, ModelError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    _, totals = evaluate(engine, tok, task, records, max_new_tokens, evaluator)
+    rows, totals = evaluate(engine, tok, task, records, max_new_tokens, evaluator)
     for name, (s, n) in totals.items():
         if name == "accuracy":
             print(f"accuracy {100 * s / n:.1f}% ({int(s)}/{n})")
         else:
             print(f"{name} {s / n if n else math.nan:.4f} (n={n})")
+    for name, value in (task.summarize(rows) if hasattr(task, "summarize") else {}).items():
+        print(f"{name} {value:.4f}")
     if evaluator is not None and not totals:
         sys.exit(1)
 

@@ -248,6 +248,8 @@ def trainer_rows(cfg, shape, seq, rank0=True, kind="nccl"):
         rows.append(("DDP gradient buckets", rows[1][1], "a flat copy of the gradients"))
     if rank0:
         rows.append(("weight transport buffers", transport_buffers(cfg, shape, e, kind), f"2 buckets ({kind})"))
+        if cfg.push_overlap:  # the push's own copy of the model, broadcast while the next step trains
+            rows.append(("push snapshot", weights(shape, e), "push_overlap: the weights once more"))
     if cfg.lora_rank:
         rows.append(("merged weight", shape["hidden"] * shape["intermediate"] * 12,  # lora.merged: W, B A, sum
                      "the largest linear layer merged in fp32 for the push"))
@@ -443,7 +445,7 @@ def machine(cfg, mode, n_gpus, gpu_bytes, engine):
     """The GPUs a plan is for: layout (train.gpu_layout), count, bytes each, engine (vllm | hf), weight transport."""
     from transport import pick_transport  # raises the run's own one-line error for a transport the layout refuses
     return dict(mode=mode, n_gpus=n_gpus, gpu_bytes=gpu_bytes, engine=engine,
-                kind=pick_transport(cfg.weight_transport, "cuda", mode))
+                kind=pick_transport(cfg.weight_transport, "cuda", mode, overlap=cfg.push_overlap))
 
 
 def plan_cli(cfg, name, opts, mode):

@@ -96,7 +96,7 @@ class Context:
             raise ConfigError(f"n_trainers={cfg.n_trainers} on one shared GPU: NCCL refuses two trainer ranks on one "
                               "GPU; give every rank its own GPU, or n_trainers=1")
         from transport import WeightTransport, pick_transport
-        kind = pick_transport(cfg.weight_transport, self.device, self.gpu_mode, one_node)
+        kind = pick_transport(cfg.weight_transport, self.device, self.gpu_mode, one_node, cfg.push_overlap)
         self.resume = find_resume(cfg)
         self.task = get_task(cfg.task)
         self.train = self.task.load(cfg.train_data or self.task.DEFAULT_TRAIN, "train")
@@ -107,7 +107,7 @@ class Context:
         if self.device == "cuda":
             torch.cuda.set_device(0)  # pin_gpu made this rank's GPU the only visible one
         self.make_transport = lambda comm, model: WeightTransport(comm, kind, cfg.dtype, cfg.bucket_mb, self.device,
-                                                                  model)
+                                                                  model, cfg.push_overlap)
 
 
 def find_resume(cfg):

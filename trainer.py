@@ -24,6 +24,7 @@ from config import config_to_dict
 from eval import merge_evals
 from failures import Stop
 from learner import build as build_learner, finite
+from rewards import get_task
 from sync import Flag
 
 
@@ -83,6 +84,8 @@ def push(cfg, comm, transport, state, learner, step, flags):
     state.timers.eval_s += pushed.eval_s
     state.timers.rounds += 1
     row = {"sync/push_seconds": pushed.push_s, "sync/seconds": pushed.seconds}
+    if transport.overlap and flags & Flag.WEIGHTS:  # of push_seconds: the wait for the previous push's broadcast
+        row["sync/push_wait_seconds"] = transport.waited
     if flags & Flag.WEIGHTS:
         row["sync/pushed_version"] = version
     if flags & Flag.REF:  # the searchers' pi_ref is now the pushed weights: keep them for checkpoints
@@ -97,7 +100,7 @@ def push(cfg, comm, transport, state, learner, step, flags):
         with open(os.path.join(cfg.out_dir, "sync_probe.jsonl"), "a") as f:
             f.write(json.dumps({"step": step, "trainer": tokens, "searchers": pushed.probes}) + "\n")
     if pushed.evals is not None:
-        metrics, results = merge_evals(pushed.evals)
+        metrics, results = merge_evals(pushed.evals, get_task(cfg.task))
         state.last_eval = dict(metrics, step=step, n=len(results))
         row.update({f"eval/{name}": v for name, v in metrics.items()})
         with open(os.path.join(cfg.out_dir, f"eval_step{step}.jsonl"), "w") as f:

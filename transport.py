@@ -9,6 +9,9 @@ Weights travel in the engine dtype as a few flat buckets (at most bucket_mb each
         IPC handles; each bucket is a device copy into one of them and a barrier, after which the searchers copy it
         out (and synchronise) while the trainer fills the other; the next barrier frees the first again
 The receiver yields (name, tensor) pairs in Hugging Face checkpoint naming; the engine loads them as they come.
+push_overlap (gloo / nccl): rank 0 fills every bucket into a snapshot of the whole model and starts all their
+broadcasts at once; push returns while they run and the next train step goes on, and the next push (or close) waits
+for them first. The searchers' side is the same either way.
 """
 import os
 import time
@@ -21,9 +24,10 @@ from config import ConfigError
 from policy import DTYPES
 
 
-def pick_transport(requested, device, gpu_mode, one_node=True):
+def pick_transport(requested, device, gpu_mode, one_node=True, overlap=False):
     """The weight transport for this layout (gpu_mode from train.gpu_layout): auto is gloo on CPU, nccl with a GPU per
-    rank, ipc with one GPU for every rank. An explicit choice that cannot work there raises ConfigError."""
+    rank, ipc with one GPU for every rank. An explicit choice that cannot work there raises ConfigError, and so does
+    push_overlap with ipc."""
     kind = requested
     if requested == "auto":
         kind = "gloo" if device == "cpu" else "ipc" if gpu_mode == "shared" else "nccl"
@@ -38,6 +42,10 @@ def pick_transport(requested, device, gpu_mode, one_node=True):
     if kind == "ipc" and not one_node:
         raise ConfigError("weight_transport=ipc: CUDA IPC works within one GPU and the ranks span several nodes: "
                           "give every rank its own GPU (nccl)")
+    if kind == "ipc" and overlap:
+        raise ConfigError("push_overlap=true: with ipc (all ranks on one GPU) the searchers copy the weights out of "
+                          "the trainer's buffers in lock-step with it, there is no broadcast to overlap: "
+                          "push_overlap=false")
     return kind
 
 
@@ -70,8 +78,9 @@ def new_nccl_group(comm):
 class WeightTransport:
     """Collective on all ranks: construct everywhere, then call push(model) on rank 0 and pull() on searchers."""
 
-    def __init__(self, comm, kind, dtype, bucket_mb, device, model=None):
+    def __init__(self, comm, kind, dtype, bucket_mb, device, model=None, overlap=False):
         self.comm, self.kind, self.device = comm, kind, device
+        self.overlap = overlap and kind != "ipc"
         self.dtype = DTYPES[dtype]
         meta = [(n, tuple(p.shape)) for n, p in model.named_parameters() if not lora.is_adapter(n)] \
             if comm.rank == 0 else None  # lora: the base model's names; the push sends its merged weights
@@ -88,6 +97,13 @@ class WeightTransport:
             self.flat = [torch.empty(largest, dtype=self.dtype, device=device) for _ in range(count)]
             self.pg = new_nccl_group(comm) if kind == "nccl" else comm.new_gloo_group("weights")
         self.bytes = count * largest * elem
+        self.pending, self.waited = [], 0.0  # push_overlap: the broadcasts in flight, the last push's wait for them
+        if self.overlap and comm.rank == 0:  # push_overlap: the whole model, bucket after bucket
+            self.starts = [0]
+            for bucket in self.buckets:
+                self.starts.append(self.starts[-1] + sum(n for *_, n in bucket))
+            self.snapshot = torch.empty(self.starts[-1], dtype=self.dtype, device=device)
+            self.bytes += self.starts[-1] * elem
 
     def _share_ipc(self, numel, count):
         from torch.multiprocessing.reductions import reduce_tensor
@@ -110,6 +126,8 @@ class WeightTransport:
         weight_delay). Returns seconds spent."""
         t0 = time.perf_counter()
         source = self.params if source is None else source
+        if self.overlap:
+            return self._push_overlapped(source, t0)
         if self.kind == "ipc":
             for i, bucket in enumerate(self.buckets):  # buffer i % 2 held bucket i - 2, copied out before barrier i - 1
                 self._fill(self.flat[i % len(self.flat)], bucket, source)
@@ -128,6 +146,23 @@ class WeightTransport:
         if self.kind == "nccl":
             torch.cuda.synchronize()
         return time.perf_counter() - t0
+
+    def _push_overlapped(self, source, t0):
+        """push_overlap: wait for the previous push's broadcasts (self.waited: how long), then copy every bucket into
+        the snapshot and start its broadcast; the trainer's weights are free to change as soon as this returns."""
+        self.finish()
+        self.waited = time.perf_counter() - t0
+        for i, bucket in enumerate(self.buckets):
+            flat = self.snapshot[self.starts[i] : self.starts[i + 1]]
+            self._fill(flat, bucket, source)
+            self.pending.append(self._start(flat, bucket))
+        return time.perf_counter() - t0
+
+    def finish(self):
+        """push_overlap: block until the last push's broadcasts have left rank 0."""
+        pending, self.pending = self.pending, []
+        for work in pending:
+            self._wait(work)
 
     def _start(self, flat, bucket):
         """The broadcast of `bucket` (its numbers at the start of `flat`) from rank 0 over self.pg, in flight."""
@@ -170,6 +205,8 @@ class WeightTransport:
 
     def close(self, failed=False):
         """At exit: shut the NCCL group down (abort it after a failure: its peers may be gone)."""
+        if not failed:
+            self.finish()
         if self.kind == "nccl" and failed:
             self.pg.abort()
         elif self.kind == "nccl":

@@ -3,6 +3,8 @@ into its own copy (initialised with another seed), loads them and verifies them 
 
     torchrun --nproc_per_node=3 scripts/check_transport.py                          # CPU: gloo, tiny Llama
     torchrun --nproc_per_node=2 scripts/check_transport.py --shape tinyllama        # 1 GPU: ipc, 1.1B in bf16
+    torchrun --nproc_per_node=3 scripts/check_transport.py --overlap                # push_overlap: rank 0 changes
+                                                                                    # its weights during the broadcast
 """
 import argparse
 import json
@@ -33,6 +35,9 @@ ap.add_argument("--transport", default="auto")
 ap.add_argument("--dtype", default=None)
 ap.add_argument("--bucket-mb", type=int, default=256)
 ap.add_argument("--pushes", type=int, default=5)
+ap.add_argument("--overlap", action="store_true", help="push_overlap (gloo / nccl)")
+ap.add_argument("--busy-seconds", type=float, default=0.0,
+                help="rank 0 computes this long after each push (a train step); the JSON gets the loop's seconds")
 ap.add_argument("--json", default="")
 args = ap.parse_args()
 
@@ -42,16 +47,38 @@ comm = Comm(600)
 torch.manual_seed(comm.rank)  # every rank starts from different weights
 with torch.device(device):
     model = LlamaForCausalLM(LlamaConfig(**SHAPES[args.shape], tie_word_embeddings=False)).to(getattr(torch, dtype))
-kind = pick_transport(args.transport, device, train.gpu_mode(device, train.LOCAL_WORLD))
-wt = WeightTransport(comm, kind, dtype, args.bucket_mb, device, model if comm.rank == 0 else None)
+kind = pick_transport(args.transport, device, train.gpu_mode(device, train.LOCAL_WORLD), overlap=args.overlap)
+wt = WeightTransport(comm, kind, dtype, args.bucket_mb, device, model if comm.rank == 0 else None, args.overlap)
+
+
+def digest():
+    with torch.no_grad():
+        return [float(p.double().sum()) for p in model.parameters()]
+
+
+def busy(seconds):
+    """A stand-in for the train step after a push: matrix products on rank 0 for `seconds`."""
+    a, end = torch.randn(256, 256, device=device), time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = torch.tanh(a @ a)
+        if device == "cuda":
+            torch.cuda.synchronize()
+
+
 params = dict(model.named_parameters())
 times = []
+t_loop = time.perf_counter()
 for i in range(args.pushes):
     if comm.rank == 0:
         with torch.no_grad():
             for p in model.parameters():
                 p.add_(0.01)  # new weights every push
+        sent = digest()
         times.append(wt.push())
+        with torch.no_grad():  # the next train step, with push_overlap while the broadcast may still be running:
+            for p in model.parameters():  # it must not reach the searchers
+                p.mul_(-1.0)
+        busy(args.busy_seconds)
     else:
         t0 = time.perf_counter()
         named, done = wt.pull()
@@ -60,16 +87,16 @@ for i in range(args.pushes):
                 params[name].copy_(t)
         done()
         times.append(time.perf_counter() - t0)
-    with torch.no_grad():
-        digest = [float(p.double().sum()) for p in model.parameters()]
-    digests = comm.gather_object(digest)
+    digests = comm.gather_object(sent if comm.rank == 0 else digest())  # waits for a broadcast that outlasts busy
     if comm.rank == 0:
         assert all(d == digests[0] for d in digests), f"push {i}: weights differ after the transport"
+loop = time.perf_counter() - t_loop  # pushes, busy time and the broadcasts that outlasted it
 if comm.rank == 0:
     n = sum(p.numel() for p in model.parameters())
     res = {"transport": kind, "device": device, "dtype": dtype, "params": n, "bytes": wt.bytes,
-           "buckets": len(wt.buckets), "push_seconds": times, "push_seconds_median": sorted(times)[len(times) // 2],
-           "verified": True}
+           "buckets": len(wt.buckets), "overlap": wt.overlap, "push_seconds": times,
+           "push_seconds_median": sorted(times)[len(times) // 2], "busy_seconds": args.busy_seconds,
+           "loop_seconds": loop, "verified": True}
     print(json.dumps(res))
     if args.json:
         with open(args.json, "w") as f:

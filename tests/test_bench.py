@@ -48,3 +48,53 @@ def test_bench_with_one_arm_reports_it_without_speedups(tiny_model, tmp_path):
     assert not any(key.startswith("speedup_") for key in res) and "faster than" not in r.stdout
     assert "equal work" not in r.stdout
     assert "| training loop seconds" in r.stdout and " | sync |" in r.stdout
+
+
+def load_script(name):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_time_to_accuracy_clock_leaves_out_evaluations_and_the_target_is_the_sync_mean(tmp_path):
+    """Hand-made runs: the target is the sync seeds' mean at --target-step (0.5), an arm's time is the clock (loop
+    seconds - evaluation seconds so far) at its first evaluation at or above it, a run that never gets there is 'not
+    reached'."""
+    def run(name, evals):  # [(step, loop seconds, eval seconds so far, accuracy)]
+        d = tmp_path / name
+        d.mkdir()
+        rows = [{"step": 0, "eval/accuracy": 0.4}] + [
+            {"step": s, "time/loop_seconds": t, "time/eval_seconds_total": e, "eval/accuracy": a} for s, t, e, a in evals]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "summary.json").write_text("{}")
+    run("sync_s0", [(50, 30, 1, 0.45), (100, 61, 2, 0.48), (150, 93, 3, 0.5)])
+    run("sync_s1", [(50, 31, 1, 0.47), (100, 62, 2, 0.52)])  # target: (0.48 + 0.52) / 2 = 0.5
+    run("async_s0", [(50, 12, 1, 0.49), (100, 25, 2, 0.51), (150, 40, 3, 0.6)])
+    run("async_s1", [(50, 12, 1, 0.55)])
+    run("inflight_s0", [(50, 12, 1, 0.42)])
+    r = subprocess.run([sys.executable, "scripts/time_to_accuracy.py", "report", "--target-step", "100", "--out",
+                        str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "target: 50.0% held-out accuracy" in r.stdout
+    lines = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("| ")}
+    assert "| 90 / 60 | 75 ± 15 | 150 / 100 |" in lines["sync"]  # 93 - 3, 62 - 2
+    assert "| 23 / 11 | 17 ± 6 | 100 / 50 |" in lines["async (chunks)"]  # 25 - 2, 12 - 1
+    assert "| not reached |" in lines["async in-flight"]
+    assert "async (chunks) reaches the target 4.41x sooner than sync" in r.stdout
+
+
+def test_gpu_model_is_bound_by_the_trainer_or_by_generation():
+    m = load_script("gpu_model")
+    x = {name: value for name, (value, _) in m.INPUTS.items()} | {"B": 7}
+    rows = {(name, split): (step, supply) for name, split, step, supply in m.model(x)}
+    assert {split for _, split in rows} == {"1 + 15", "16 (all)", "7 + 9"}  # B = 7: 1 or 7 trainer ranks
+    d = x["decode_ms"] / 1000
+    assert rows[("our sync (async=false)", "1 + 15")][0] == x["L_tail"] * d + x["score"] + x["train_1"] + x["push"]
+    step, supply = rows[("async in-flight", "7 + 9")]
+    assert step == x["train_1"] / 7 + x["allreduce"] + (x["push"] + x["decode_full_ms"] / 1000 + x["t_1"]) / 2
+    assert supply > 1  # trainer bound
+    few = {(name, split): (step, supply) for name, split, step, supply in m.model(x | {"B": 28, "ell": 2000})}
+    step, supply = few[("async in-flight", "14 + 2")]  # two searchers of long responses cannot keep up
+    assert supply == 1.0 and step == 28 * 20 / (2 * x["max_inflight"] / (2000 * x["decode_full_ms"] / 1000))

@@ -257,6 +257,28 @@ def test_streamed_weights_arrive_bit_for_bit_through_two_bucket_buffers(tmp_path
     assert res["verified"] and res["buckets"] == 34 and res["bytes"] == 2 * 4096 * 512 * 4  # 2 x the largest bucket
 
 
+def test_overlapped_push_sends_the_weights_of_the_push_not_those_trained_after_it(tmp_path):
+    """push_overlap (gloo): push returns with the broadcasts in flight and rank 0 at once negates every weight (the
+    next train step); every searcher must still end with the weights as they were at the push, bit for bit, three
+    pushes in a row (each waits for the one before), and the snapshot adds one copy of the model to rank 0's
+    buffers."""
+    out = tmp_path / "transport.json"
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=3",
+                        f"--master_port={free_port()}", "scripts/check_transport.py", "--shape", "small",
+                        "--transport", "gloo", "--bucket-mb", "1", "--pushes", "3", "--overlap", "--json", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=ROOT))
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    res = json.loads(out.read_text())
+    model_bytes = res["params"] * 4
+    assert res["verified"] and res["overlap"] and res["bytes"] == 2 * 4096 * 512 * 4 + model_bytes
+
+
+def test_push_overlap_is_refused_with_ipc():
+    with pytest.raises(ConfigError, match="push_overlap"):
+        transport.pick_transport("auto", "cuda", "shared", overlap=True)
+    assert transport.pick_transport("auto", "cuda", "own", overlap=True) == "nccl"
+
+
 # ---------------------------------------------------------------- 5. IPC: copies finished before the release
 
 

