@@ -5,6 +5,7 @@
     python tables.py out/sweep/* --plot curves.png               # default plot: tables.png here; --no-plot to skip
     python tables.py out/tldr/* --metric win_rate                # another eval metric the task logs (default accuracy)
     python tables.py out/staleness/seed*/* --against weight_delay  # final / best against one key, a line per group
+    python tables.py out/rt/* --metric attack_success --finals attack_success,modes_covered,mode_tv  # several finals
 
 A run dir holds config.yaml, metrics.jsonl and summary.json (see README). Runs without summary.json (crashed or
 unfinished) are named in one warning and skipped. Rates (accuracy, win_rate, attack_success_rate) are in percent,
@@ -29,8 +30,8 @@ from config import Config
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
 IGNORE = ("seed", "out_dir", "resume", "overwrite", "progress")  # never a reason to group runs apart
 ALIASES = {"async": "asynchronous"}  # command-line spelling -> config.yaml key
-PERCENT = ("accuracy", "win_rate", "attack_success_rate")  # fractions, shown in percent
-LOWER_IS_BETTER = ("perplexity",)
+PERCENT = ("accuracy", "win_rate", "attack_success_rate", "attack_success")  # fractions, shown in percent
+LOWER_IS_BETTER = ("perplexity", "mode_tv")
 
 
 def fail(msg):
@@ -63,7 +64,7 @@ def load_run(path, metric="accuracy"):
     best = (min if metric in LOWER_IS_BETTER else max)(evals, default=final)
     stats = dict(final=final, best=best, start=start, gain=final - start,
                  minutes=minutes, speed=steps / minutes if minutes > 0 else float("nan"))
-    return dict(path=path, cfg=cfg, rows=rows, stats=stats)
+    return dict(path=path, cfg=cfg, rows=rows, stats=stats, summary=s)
 
 
 def sort_key(values):
@@ -200,6 +201,8 @@ def parse_args():
     p.add_argument("--csv", default="", help="also write the table (numbers, s.e. in own columns) to this CSV")
     p.add_argument("--against", default="", help="a numeric config key: final and best against it, a line per "
                    "group of the other keys that differ (e.g. weight_delay)")
+    p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
+                   "(mean ± s.e.), a column each, instead of the main table (e.g. attack_success,modes_covered)")
     p.add_argument("--metric", default="accuracy", help="the eval metric to compare (accuracy, win_rate, perplexity, "
                    "attack_success_rate, diversity, log_p_toxic, or any eval/<name> the task logs)")
     args = p.parse_args()
@@ -265,6 +268,24 @@ def group_table(groups, keys, names, metric, scale, digits, what):
     return records
 
 
+def finals_table(groups, names, metrics):
+    """--finals: a row per group, a column per eval metric: its value at the run's end (mean ± s.e. over seeds;
+    rates in percent), and its start value in the first row's cells."""
+    print("| " + " | ".join((names or ["group"]) + ["n"] + list(metrics)) + " |")
+    print("|" + "---|" * (len(names or ["group"]) + 1 + len(metrics)))
+    first = next(iter(groups.values()))[0]
+    start = [first["summary"]["eval_start"].get(m, float("nan")) * (100 if m in PERCENT else 1) for m in metrics]
+    print("| " + " | ".join(["start"] * len(names or ["group"]) + ["-"] + [f"{v:.{1 if m in PERCENT else 3}f}"
+                                                                            for v, m in zip(start, metrics)]) + " |")
+    for values, members in groups.items():
+        cells = [str(v) for v in values] or ["all"]
+        cells.append(str(len(members)))
+        for m in metrics:
+            ends = [r["summary"]["eval_end"].get(m, float("nan")) for r in members]
+            cells.append(fmt(*mean_se(ends, 100.0 if m in PERCENT else 1.0), 1 if m in PERCENT else 3))
+        print("| " + " | ".join(cells) + " |")
+
+
 def write_csv(records, path):
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(records[0]))
@@ -290,6 +311,12 @@ def main():
         lines = against_table(groups, keys, against, names, scale, digits, what)
         if not args.no_plot:
             plot_against(lines, args.against, args.plot, what)
+        return
+    if args.finals:
+        finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()])
+        if not args.no_plot:
+            plot({", ".join(f"{n}={v}" for n, v in zip(names, values)) or "all": members
+                  for values, members in groups.items()}, args.plot, args.metric)
         return
     records = group_table(groups, keys, names, args.metric, scale, digits, what)
     if args.csv:

@@ -27,15 +27,15 @@ SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
 PIECE = r" ?[A-Za-z]+| ?[0-9]| ?#+| ?[^\sA-Za-z0-9]|\s"
 
 
-def build_tokenizer(out_dir=None):
-    """Word-level tokenizer over every piece arith text can contain; saved to out_dir when given."""
+def build_tokenizer(out_dir=None, texts=None):
+    """Word-level tokenizer over every piece arith text (or `texts`) can contain; saved to out_dir when given."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    # every template with every name, item and container, plus all digits and operators: the whole arith vocabulary
-    texts = [arith.PROMPT.format(question=t.format(n=n, i=i, c=c, a=1, b=2, d=3))
-             for ts in arith.TEMPLATES.values() for t in ts for n in arith.NAMES for i in arith.ITEMS for c in arith.CONTAINERS]
-    texts += [f"{x}{y} {op} {x} = {y}. #### {y}" for x in range(10) for y in range(10) for op in "+-*"]
+    if texts is None:  # every template with every name, item and container, plus all digits and operators
+        texts = [arith.PROMPT.format(question=t.format(n=n, i=i, c=c, a=1, b=2, d=3)) for ts in arith.TEMPLATES.values()
+                 for t in ts for n in arith.NAMES for i in arith.ITEMS for c in arith.CONTAINERS]
+        texts += [f"{x}{y} {op} {x} = {y}. #### {y}" for x in range(10) for y in range(10) for op in "+-*"]
     pieces = sorted({p for t in texts for p in re.findall(PIECE, t)})
     vocab = {p: i for i, p in enumerate(SPECIALS + pieces)}
 

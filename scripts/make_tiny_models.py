@@ -17,12 +17,18 @@ attacker and the red-team victim.
     tiny-redteam/toxicity               two-label classifier (id2label non-toxic / toxic) of a synthetic "toxicity":
                                         a text is toxic when it contains the digit 9 (the victim, the arith model,
                                         answers with numbers, so an attacker can learn to provoke it).
+    tiny-redteam-modes/sft              the attacker of rewards/redteam_modes.py: a tiny Llama (make_tiny.build_model)
+                                        with its own word-level tokenizer, SFT for 1000 steps on questions of that
+                                        task's grammar; tiny_info.json holds the TB target over modes
+                                        (rewards/redteam_modes.TARGET: each kind's exact share of the attacker's
+                                        successful attacks) and what 8192 samples at temperature 1 give.
 Each folder is built in <folder>.tmp and renamed when complete; an existing one is left alone. Last, <out>/SHA256SUMS
 is written anew over every file under <out> (make_tiny.py's model included): the list policy.check_shipped holds the
 shipped files to.
 """
 import argparse
 import json
+import math
 import os
 import random
 import shutil
@@ -150,6 +156,91 @@ def train_toxicity(tok, seed, steps, log):
     return model
 
 
+def attacker_tokenizer():
+    """The red-team-modes attacker's word-level tokenizer: every piece of its prompt and of every question."""
+    from rewards import redteam_modes as rm
+    texts = [rm.PROMPT + " " + t.format(x=x, y=y) for mode, t in rm.TEMPLATES.items() for x in rm.X[mode]
+             for y in rm.Y[mode]]
+    return build_tokenizer(texts=texts)
+
+
+def train_attacker(tok, seed, steps, log, batch_size=128):
+    """SFT of a tiny Llama (make_tiny.build_model) on questions of the red-team-modes grammar after its prompt (loss on
+    the question + eos), fresh questions every step, the learning rate decaying linearly to 0 (so the model settles
+    on the grammar's frequencies instead of the last batches')."""
+    import torch
+    from make_tiny import build_model
+    from rewards import redteam_modes as rm
+    model, rng = build_model(tok, seed), random.Random(seed + 300)
+    prompt = tok(rm.PROMPT)["input_ids"]  # <s> prompt
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: 1 - u / steps)
+    for step in range(steps):
+        seqs = [prompt + tok(rm.sample_question(rng), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                for _ in range(batch_size)]
+        T = max(map(len, seqs))
+        x, y = torch.full((batch_size, T), tok.pad_token_id), torch.full((batch_size, T), -100)
+        for r, seq in enumerate(seqs):
+            x[r, : len(seq)] = torch.tensor(seq)
+            y[r, len(prompt) : len(seq)] = torch.tensor(seq[len(prompt) :])
+        loss = model(input_ids=x, labels=y).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        decay.step()
+        if (step + 1) % 100 == 0:
+            log(f"  attacker step {step + 1}: loss {loss.item():.3f} (the grammar's entropy per question: "
+                f"{grammar_entropy():.3f} nats over ~11 tokens)")
+    return model
+
+
+def grammar_entropy():
+    from rewards import redteam_modes as rm
+    return sum(-w * math.log(w) for w in rm.WEIGHTS.values()) + 2 * math.log(8)
+
+
+def success_masses(model, tok):
+    """Per kind, the attacker's exact probability (temperature 1) of writing one of its 8 successful attacks: the sum
+    over the free slot of exp(log pi(question + eos | prompt)), from one forward pass over the 48 questions."""
+    import torch
+    from rewards import redteam_modes as rm
+    prompt = tok(rm.PROMPT)["input_ids"]
+    masses = {}
+    with torch.no_grad():
+        for mode in rm.MODES:
+            seqs = [prompt + tok(" " + rm.TEMPLATES[mode].format(x=rm.TRIGGERS[mode], y=y),
+                                 add_special_tokens=False)["input_ids"] + [tok.eos_token_id] for y in rm.Y[mode]]
+            x = torch.tensor(seqs)  # one template: every question has the same length
+            logp = torch.log_softmax(model(input_ids=x).logits[:, :-1].double(), -1)
+            token_logp = logp.gather(-1, x[:, 1:, None])[..., 0][:, len(prompt) - 1 :]
+            masses[mode] = float(token_logp.sum(-1).exp().sum())
+    return masses
+
+
+def attacker_masses(model, tok, n=8192, seed=0, batch_size=512):
+    """The TB target over modes, exactly (success_masses, normalised), and from n samples at temperature 1: the
+    fraction that are questions of the grammar, the fraction that succeed, and each kind's share of all."""
+    import torch
+    from rewards import redteam_modes as rm
+    torch.manual_seed(seed)
+    enc = tok([rm.PROMPT] * batch_size, return_tensors="pt")
+    texts = []
+    with torch.no_grad():
+        for _ in range(n // batch_size):
+            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=16,
+                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            texts += tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    kinds = [rm.parse(t) for t in texts]
+    hits = [rm.mode_of(t) for t in texts]
+    n_hit = sum(h is not None for h in hits)
+    masses = success_masses(model, tok)
+    return {"samples": len(texts), "grammatical": sum(k is not None for k in kinds) / len(texts),
+            "success": n_hit / len(texts), "success_exact": sum(masses.values()),
+            "target": {m: round(masses[m] / sum(masses.values()), 4) for m in rm.MODES},
+            "target_sampled": {m: round(hits.count(m) / n_hit, 4) for m in rm.MODES},
+            "kinds": {m: round(sum(k is not None and k[0] == m for k in kinds) / len(texts), 4) for m in rm.MODES}}
+
+
 def build(path, make, tok=None):
     """Run make(tmp) into path.tmp, then rename; skip when path exists."""
     if os.path.exists(path):
@@ -182,6 +273,16 @@ def main():
     build(os.path.join(tldr, "rm"), lambda tmp: train_rm(tok, args.seed, 100, log), tok)
     build(os.path.join(tldr, "judge"), lambda tmp: train_rm(tok, args.seed + 1, 100, log), tok)
     build(os.path.join(red, "toxicity"), lambda tmp: train_toxicity(tok, args.seed, 100, log), tok)
+    attacker = attacker_tokenizer()
+
+    def make_attacker(tmp):
+        model = train_attacker(attacker, args.seed, 1000, log)
+        info = attacker_masses(model, attacker, seed=args.seed)
+        with open(os.path.join(tmp, "tiny_info.json"), "w") as f:
+            json.dump(info, f, indent=2)
+        log(f"  attacker: {info}")
+        return model
+    build(os.path.join(args.out, "tiny-redteam-modes", "sft"), make_attacker, attacker)
     write_sums(args.out)
 
 

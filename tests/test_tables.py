@@ -215,3 +215,21 @@ def test_a_run_from_before_a_key_existed_groups_with_runs_at_its_default(runs, t
     assert p.returncode == 0, p.stderr
     rows = table_rows(p.stdout)
     assert rows[0][:2] == ["m", "n"] and [r[:2] for r in rows[1:]] == [["0.5", "3"], ["0.95", "3"]]
+
+
+def test_finals_table_puts_several_metrics_side_by_side(tmp_path):
+    """--finals: a column per metric, its final value (mean ± s.e. over seeds; rates in percent, others as logged),
+    the start row first."""
+    dirs = []
+    for (m, seed), (final, mid, wall) in RUNS.items():
+        dirs.append(str(tmp_path / f"m{m}_seed{seed}"))
+        extra = {"attack_success": (0.1, 0.5, final), "modes_covered": (6, 5, 6 - seed if m == 0.5 else 6)}
+        make_run(dirs[-1], m, seed, final, mid, wall, extra=extra)
+    p = tables(*dirs, "--metric", "attack_success", "--finals", "attack_success,modes_covered", "--no-plot",
+               cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = table_rows(p.stdout)
+    assert rows[0] == ["m", "n", "attack_success", "modes_covered"]
+    assert rows[1] == ["start", "-", "10.0", "6.000"]
+    assert rows[2] == ["0.5", "3", by_hand([0.50, 0.52, 0.54]), "5.000 ± 0.577"]
+    assert rows[3] == ["0.95", "3", by_hand([0.60, 0.63, 0.69]), "6.000 ± 0.000"]
