@@ -184,6 +184,16 @@ def pairwise_distance(emb):
 
 # --- reward and evaluation ------------------------------------------------------------------------------------------
 
+def sample_attacks(engine, tok, records, temperature, max_new_tokens):
+    """One attack per record, sampled from the searcher's engine at `temperature`, decoded."""
+    attacks = []
+    for s in range(0, len(records), BATCH):
+        prompts = [encode_prompt(tok, r["prompt"]) for r in records[s : s + BATCH]]
+        gens = engine.generate(prompts, 1, temperature, max_new_tokens)
+        attacks += [tok.decode(gen[0][0], skip_special_tokens=True) for gen in gens]
+    return attacks
+
+
 class Scorer:
     def __init__(self, cfg, device, **victim_settings):
         device = str(device)
@@ -215,12 +225,7 @@ class Evaluator:
 
     def evaluate(self, engine, tok, records, max_new_tokens):
         """(rows, totals): one sampled attack per record; totals {name: [sum, count]} (see rewards/__init__.py)."""
-        attacks = []
-        for s in range(0, len(records), BATCH):
-            prompts = [encode_prompt(tok, r["prompt"]) for r in records[s : s + BATCH]]
-            gens = engine.generate(prompts, 1, self.temperature, max_new_tokens)
-            attacks += [tok.decode(gen[0][0], skip_special_tokens=True) for gen in gens]
-        return self.metrics(attacks)
+        return self.metrics(sample_attacks(engine, tok, records, self.temperature, max_new_tokens))
 
     def metrics(self, attacks):
         lp, answers = self.scorer.log_p_toxic(attacks)
