@@ -11,7 +11,9 @@ max_reuse=1, so they train on at most as many samples as they generate; the tabl
 per step, and a speedup is printed only when they agree within 10%. --work native runs the config's own settings (e.g. the tiny
 default's max_reuse=2: half the fresh samples per step in the asynchronous arms), for time per step at unequal work.
 Each arm's trainer floor is its own train seconds summed over the steps plus its weight pushes: no arm's loop can
-be shorter (the trainer is one process); loop / floor says how close an arm gets.
+be shorter (the trainer is one process); loop / floor says how close an arm gets. The cores are the other floor: no
+job can be shorter than the CPU seconds of all its processes (ranks and engines, counted when they end) over the cores
+it may use (affinity, capped by a cgroup quota); the table gives each arm's whole job against it.
 
 Runs `launch.sh CONFIG` in each mode (async: async=true inflight=false; sync: async=false; inflight: async=true
 inflight=true; the HF engine has no in-flight mode, so that arm is left out with it), alternately, `repeats` times
@@ -25,6 +27,7 @@ the steps with a round (the gather, the push, and waiting for the searchers to j
 import argparse
 import json
 import os
+import resource
 import statistics as st
 import subprocess
 import sys
@@ -37,11 +40,25 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(cfg_path, overrides, out_dir):
+    """(metrics rows, summary.json, CPU seconds of the whole job: every rank and engine process, startup included)."""
     cmd = ["bash", os.path.join(ROOT, "launch.sh"), cfg_path, *overrides, f"out_dir={out_dir}", "progress=false",
            "overwrite=true"]  # a benchmark reruns into the same out_dirs
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the processes torchrun and the ranks waited for
     rows = [json.loads(line) for line in open(os.path.join(out_dir, "metrics.jsonl"))]
-    return rows, json.load(open(os.path.join(out_dir, "summary.json")))
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return rows, json.load(open(os.path.join(out_dir, "summary.json"))), cpu
+
+
+def cores():
+    """CPU cores this process may use: its affinity, capped by a cgroup v2 quota (cpu.max) when there is one."""
+    n = float(len(os.sched_getaffinity(0)))
+    try:
+        quota, period = open("/sys/fs/cgroup/cpu.max").read().split()
+        return min(n, int(quota) / int(period)) if quota != "max" else n
+    except (OSError, ValueError):
+        return n
 
 
 def standalone_tokens_per_s(cfg, n_chunks, warmup=3):
@@ -91,8 +108,9 @@ def equal_work(cfg):
     return ["max_reuse=1", f"max_prompts_per_round={visits}"]
 
 
-def measure(rows, summary, launch_seconds):
-    """One run's figures from its metrics.jsonl rows (step 0 is the start-of-run evaluation) and summary.json."""
+def measure(rows, summary, launch_seconds, job_cpu_seconds):
+    """One run's figures from its metrics.jsonl rows (step 0 is the start-of-run evaluation), summary.json and the
+    job's CPU seconds over its launch."""
     syncs = [r["sync/seconds"] for r in rows[1:] if "sync/seconds" in r]
     waits = [r["time/wait_seconds"] for r in rows[1:] if "sync/seconds" in r]  # the steps with a sync round
     tps = [r["search/tokens_per_s"] for r in rows[1:] if r.get("search/tokens_per_s")]
@@ -117,7 +135,10 @@ def measure(rows, summary, launch_seconds):
         "fresh_samples_per_step": summary["samples_generated"] / summary["steps"],
         # no loop can be shorter than the trainer's own work: its steps and its weight pushes
         "trainer_floor_seconds": summary["train_seconds_total"]
-        + sum(r.get("sync/push_seconds", 0.0) for r in rows[1:])}
+        + sum(r.get("sync/push_seconds", 0.0) for r in rows[1:]),
+        # nor can the whole job be shorter than its CPU seconds spread over every core it may use
+        "job_cpu_seconds": job_cpu_seconds, "cores": cores(),
+        "cores_busy_fraction": job_cpu_seconds / (cores() * launch_seconds)}
 
 
 def parse_args():
@@ -146,8 +167,8 @@ def run_arms(args, overrides, modes, cfg):
             t0 = time.perf_counter()
             out_dir = os.path.join(args.out, mode if args.repeats == 1 else f"{mode}{i}")
             extra = equal_work(cfg) if args.work == "equal" and mode != "sync" else []
-            rows, summary = run(args.config, overrides + MODES[mode] + extra, out_dir)
-            runs[mode].append(measure(rows, summary, time.perf_counter() - t0))
+            rows, summary, cpu = run(args.config, overrides + MODES[mode] + extra, out_dir)
+            runs[mode].append(measure(rows, summary, time.perf_counter() - t0, cpu))
     return runs
 
 
@@ -208,6 +229,9 @@ def print_table(res, cols, args, cfg):
         lambda r: f"{r['fresh_samples_per_step']:.1f}")
     row("trainer floor seconds (its train steps + pushes), loop / floor",
         lambda r: f"{r['trainer_floor_seconds']:.1f}, {r['loop_over_trainer_floor']:.2f}")
+    row("whole job: CPU seconds of every process / (cores x launch seconds)",
+        lambda r: f"{r['job_cpu_seconds']:.0f} / ({r['cores']:g} x {r['launch_seconds']:.0f}) = "
+                  f"{r['cores_busy_fraction']:.0%}")
     row("staleness histogram (updates: samples)", lambda r: str(r["staleness_hist"]))
     row("mixed-version samples in a batch, mean", lambda r: f"{r['mixed_fraction_mean']:.1%}")
 

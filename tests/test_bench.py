@@ -21,11 +21,14 @@ def test_bench_runs_both_modes_and_writes_bench_json(tiny_model, tmp_path):
     out = tmp_path / "bench"
     r = bench(out, "--modes", "sync,async")  # --work equal: the async arm at max_reuse=1, B x K fresh per step
     assert "| training loop seconds" in r.stdout and "| trainer floor seconds" in r.stdout
+    assert "| whole job: CPU seconds of every process / (cores x launch seconds)" in r.stdout
     res = json.load(open(out / "bench.json"))
     a, s = res["async"], res["sync"]
     assert a["steps"] == s["steps"] == 3 and res["engine"] == "hf"
     assert res["speedup_sync_over_async"] == s["loop_seconds_mean"] / a["loop_seconds_mean"]
     assert a["loop_seconds_all"] == [a["loop_seconds"]] and 0 < a["eval_seconds"] < a["wall_seconds"]
+    for arm in (a, s):  # every rank's CPU seconds (3 processes here) fit in the cores over the launch, and fill some
+        assert 0.2 < arm["cores_busy_fraction"] <= 1.0 and arm["cores"] >= 1
     assert set(s["staleness_hist"]) == {"0"} and s["staleness_hist"]["0"] == 3 * 8 * 8  # sync: all on-policy, B x K
     assert sum(a["staleness_hist"].values()) == 3 * 8 * 8 and s["fresh_samples_per_step"] == 8 * 8  # B x S
     # equal work, said in the speedup's line; 3 steps are few, so the async arm may fetch a round more or less
