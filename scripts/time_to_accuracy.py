@@ -1,7 +1,7 @@
 """Time to accuracy (the paper's Fig. 1 framing): how many training seconds each mode needs before its held-out
 accuracy first reaches a target, every arm at its own settings (reuse allowed where the mode uses it).
 
-    python scripts/time_to_accuracy.py run [--seeds 0,1,2] [--minutes 5] [key=value ...]   # about 17 min per seed
+    python scripts/time_to_accuracy.py run [--seeds 0,1,2] [--minutes 6] [key=value ...]   # about 20 min per seed
     python scripts/time_to_accuracy.py report [--target-step 400] [--plot docs/time_to_accuracy.png]
 
 run: the tiny default (configs/tiny.yaml) in three arms, alternating within each seed so a slow spell of the machine
@@ -129,7 +129,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", choices=("run", "report"))
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--minutes", type=float, default=5.0, help="each run's wall-clock budget (time_budget_min)")
+    ap.add_argument("--minutes", type=float, default=6.0, help="each run's wall-clock budget (time_budget_min)")
     ap.add_argument("--target-step", type=int, default=400, help="report: the sync arm's step that sets the target")
     ap.add_argument("--plot", default=None, help="report: write the accuracy-against-seconds plot here")
     ap.add_argument("--out", default="out/time_to_accuracy")
