@@ -111,6 +111,7 @@ def equal_work(cfg):
 def measure(rows, summary, launch_seconds, job_cpu_seconds):
     """One run's figures from its metrics.jsonl rows (step 0 is the start-of-run evaluation), summary.json and the
     job's CPU seconds over its launch."""
+    n_cores = cores()
     syncs = [r["sync/seconds"] for r in rows[1:] if "sync/seconds" in r]
     waits = [r["time/wait_seconds"] for r in rows[1:] if "sync/seconds" in r]  # the steps with a sync round
     tps = [r["search/tokens_per_s"] for r in rows[1:] if r.get("search/tokens_per_s")]
@@ -137,8 +138,8 @@ def measure(rows, summary, launch_seconds, job_cpu_seconds):
         "trainer_floor_seconds": summary["train_seconds_total"]
         + sum(r.get("sync/push_seconds", 0.0) for r in rows[1:]),
         # nor can the whole job be shorter than its CPU seconds spread over every core it may use
-        "job_cpu_seconds": job_cpu_seconds, "cores": cores(),
-        "cores_busy_fraction": job_cpu_seconds / (cores() * launch_seconds)}
+        "job_cpu_seconds": job_cpu_seconds, "cores": n_cores,
+        "cores_busy_fraction": job_cpu_seconds / (n_cores * launch_seconds)}
 
 
 def parse_args():

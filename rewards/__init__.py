@@ -89,14 +89,20 @@ def warn_task_error(what, error, detail, consequence):
               + (" (further ones are only counted)" if n == 3 else ""), file=sys.stderr, flush=True)
 
 
+_task_files = {}  # a task file's module, executed once per process (as `import` does for rewards/<name>.py)
+
+
 def get_task(name):
     if name.endswith(".py"):
         if not os.path.isfile(name):
             raise DataError(f"task file not found: {name}")
-        spec = importlib.util.spec_from_file_location(os.path.basename(name)[:-3], name)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        path = os.path.abspath(name)
+        if path not in _task_files:
+            spec = importlib.util.spec_from_file_location(os.path.basename(name)[:-3], name)
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _task_files[path] = module
+        return _task_files[path]
     try:
         return importlib.import_module(f"rewards.{name}")
     except ModuleNotFoundError as e:
