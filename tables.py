@@ -6,6 +6,7 @@
     python tables.py out/tldr/* --metric win_rate                # another eval metric the task logs (default accuracy)
     python tables.py out/staleness/seed*/* --against weight_delay  # final / best against one key, a line per group
     python tables.py out/rt/* --metric attack_success --finals attack_success,modes_covered,mode_tv  # several finals
+    python tables.py out/tldr_mini/* --metric win_rate --front kl  # win rate against KL through each run (a front)
 
 A run dir holds config.yaml, metrics.jsonl and summary.json (see README). Runs without summary.json (crashed or
 unfinished) are named in one warning and skipped. Rates (accuracy, win_rate, attack_success_rate) are in percent,
@@ -30,8 +31,8 @@ from config import Config
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
 IGNORE = ("seed", "out_dir", "resume", "overwrite", "progress")  # never a reason to group runs apart
 ALIASES = {"async": "asynchronous"}  # command-line spelling -> config.yaml key
-PERCENT = ("accuracy", "win_rate", "attack_success_rate", "attack_success")  # fractions, shown in percent
-LOWER_IS_BETTER = ("perplexity", "mode_tv")
+PERCENT = ("accuracy", "win_rate", "tie_rate", "attack_success_rate", "attack_success")  # fractions, shown in percent
+LOWER_IS_BETTER = ("perplexity", "mode_tv", "kl")
 
 
 def fail(msg):
@@ -201,6 +202,10 @@ def parse_args():
     p.add_argument("--csv", default="", help="also write the table (numbers, s.e. in own columns) to this CSV")
     p.add_argument("--against", default="", help="a numeric config key: final and best against it, a line per "
                    "group of the other keys that differ (e.g. weight_delay)")
+    p.add_argument("--front", default="", help="an eval metric X: plot --metric against eval/X at every evaluation, a "
+                   "line per group (mean over its seeds at each step), e.g. --metric win_rate --front kl")
+    p.add_argument("--at", type=int, default=None, help="with --finals: the values at this step's evaluation instead "
+                   "of the run's end")
     p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
                    "(mean ± s.e.), a column each, instead of the main table (e.g. attack_success,modes_covered)")
     p.add_argument("--metric", default="accuracy", help="the eval metric to compare (accuracy, win_rate, perplexity, "
@@ -268,9 +273,56 @@ def group_table(groups, keys, names, metric, scale, digits, what):
     return records
 
 
-def finals_table(groups, names, metrics):
-    """--finals: a row per group, a column per eval metric: its value at the run's end (mean ± s.e. over seeds;
-    rates in percent), and its start value in the first row's cells."""
+def plot_front(groups, path, metric, x):
+    """--front: eval/<metric> against eval/<x>, one line per group through its evaluations (each point the mean over
+    the group's seeds at one step; the step-0 point is marked with a square, the last with a circle)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("note: matplotlib is not installed, no plot (pip install matplotlib)")
+        return
+    fig, ax = plt.subplots(figsize=(7, 5))
+    for i, (label, runs) in enumerate(groups.items()):
+        per_step = {}
+        for r in runs:
+            for row in r["rows"]:
+                if f"eval/{metric}" in row and f"eval/{x}" in row:
+                    per_step.setdefault(row["step"], []).append((row[f"eval/{x}"], row[f"eval/{metric}"]))
+        if not per_step:
+            continue
+        steps = sorted(per_step)
+        xs = [np.mean([p[0] for p in per_step[s]]) * (100 if x in PERCENT else 1) for s in steps]
+        ys = [np.mean([p[1] for p in per_step[s]]) * (100 if metric in PERCENT else 1) for s in steps]
+        color = f"C{i % 10}"
+        ax.plot(xs, ys, color=color, label=label, marker=".")
+        ax.plot(xs[0], ys[0], "s", color=color)
+        ax.plot(xs[-1], ys[-1], "o", color=color, ms=8)
+    ax.set_xlabel(f"eval/{x}" + (" (%)" if x in PERCENT else ""))
+    ax.set_ylabel(f"eval/{metric}" + (" (%)" if metric in PERCENT else ""))
+    ax.grid(alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"plot: {path}")
+
+
+def value_at(run, metric, step):
+    """eval/<metric> at the evaluation of `step` (None: the run's end, summary.json's eval_end); NaN if not logged."""
+    if step is None:
+        return run["summary"]["eval_end"].get(metric, float("nan"))
+    return next((row[f"eval/{metric}"] for row in run["rows"] if row.get("step") == step and f"eval/{metric}" in row),
+                float("nan"))
+
+
+def finals_table(groups, names, metrics, step=None):
+    """--finals: a row per group, a column per eval metric: its value at the run's end (or at --at STEP; mean ± s.e.
+    over seeds; rates in percent), and its start value in the first row's cells."""
+    if step is not None:
+        print(f"at step {step}:")
     print("| " + " | ".join((names or ["group"]) + ["n"] + list(metrics)) + " |")
     print("|" + "---|" * (len(names or ["group"]) + 1 + len(metrics)))
     first = next(iter(groups.values()))[0]
@@ -281,7 +333,7 @@ def finals_table(groups, names, metrics):
         cells = [str(v) for v in values] or ["all"]
         cells.append(str(len(members)))
         for m in metrics:
-            ends = [r["summary"]["eval_end"].get(m, float("nan")) for r in members]
+            ends = [value_at(r, m, step) for r in members]
             cells.append(fmt(*mean_se(ends, 100.0 if m in PERCENT else 1.0), 1 if m in PERCENT else 3))
         print("| " + " | ".join(cells) + " |")
 
@@ -312,18 +364,19 @@ def main():
         if not args.no_plot:
             plot_against(lines, args.against, args.plot, what)
         return
+    labels = {", ".join(f"{n}={v}" for n, v in zip(names, values)) or "all": members
+              for values, members in groups.items()}
+    if args.front and not args.no_plot:
+        plot_front(labels, args.plot, args.metric, args.front)
     if args.finals:
-        finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()])
-        if not args.no_plot:
-            plot({", ".join(f"{n}={v}" for n, v in zip(names, values)) or "all": members
-                  for values, members in groups.items()}, args.plot, args.metric)
+        finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.at)
+        if not args.no_plot and not args.front:
+            plot(labels, args.plot, args.metric)
         return
     records = group_table(groups, keys, names, args.metric, scale, digits, what)
     if args.csv:
         write_csv(records, args.csv)
-    if not args.no_plot:
-        labels = {", ".join(f"{n}={v}" for n, v in zip(names, values)) or "all": members
-                  for values, members in groups.items()}
+    if not args.no_plot and not args.front:
         plot(labels, args.plot, args.metric)
 
 

@@ -1,6 +1,6 @@
 """Build the tiny local assets of the model-based tasks (rewards/tldr.py, rewards/redteam.py), for CPU runs and tests.
 
-    python scripts/make_tiny_models.py [--out assets]   # builds what is missing (under a minute), then SHA256SUMS
+    python scripts/make_tiny_models.py [--out assets]   # builds what is missing (about 15 min), then SHA256SUMS
 
 The repository ships what this made (assets/README.md); the models are trained on the machine that runs it and may
 differ from machine to machine in their last bits. All are 2-layer Llama sequence classifiers over the tiny arith
@@ -22,6 +22,11 @@ attacker and the red-team victim.
                                         task's grammar; tiny_info.json holds the TB target over modes
                                         (rewards/redteam_modes.TARGET: each kind's exact share of the attacker's
                                         successful attacks) and what 8192 samples at temperature 1 give.
+    tiny-tldr-mini/sft, rm              rewards/tldr_mini.py's summariser (a tiny Llama with its own word-level
+                                        tokenizer, SFT 1000 steps on posts -> noisy references) and proxy reward
+                                        model (its layers under a token head, Bradley-Terry 2000 steps on a
+                                        length-biased labeller's noisy preferences); rm/tiny_info.json: the RM's
+                                        agreement with the labeller and the gold, the SFT's win / tie rate.
 Each folder is built in <folder>.tmp and renamed when complete; an existing one is left alone. Last, <out>/SHA256SUMS
 is written anew over every file under <out> (make_tiny.py's model included): the list policy.check_shipped holds the
 shipped files to.
@@ -241,6 +246,127 @@ def attacker_masses(model, tok, n=8192, seed=0, batch_size=512):
             "kinds": {m: round(sum(k is not None and k[0] == m for k in kinds) / len(texts), 4) for m in rm.MODES}}
 
 
+def summariser_tokenizer():
+    """The tldr-mini word-level tokenizer: every piece of its posts and of its summary language."""
+    from rewards import tldr_mini as tm
+    words = tm.NAMES + tm.ITEMS + tm.WANTS
+    texts = [tm.PROMPT.format(body=" ".join(tm.INTRO + tm.LOST + tm.WANT + tm.FRIEND + tm.FILLER))]
+    texts += [f"{t} {w}" for t in tm.INTRO + tm.LOST + tm.WANT + tm.FRIEND for w in words]
+    texts += [" " + " and ".join([f"{n} lost {i}", f"{n} wants {w}", "wants"] + tm.PADS) + " ." for n, i, w in
+              zip(tm.NAMES, tm.ITEMS, tm.WANTS)]
+    return build_tokenizer(texts=texts)
+
+
+def pad_batch(tok, seqs, start):
+    """(input ids, labels) right-padded; labels -100 before each sequence's `start` and on padding."""
+    import torch
+    T = max(map(len, seqs))
+    x, y = torch.full((len(seqs), T), tok.pad_token_id), torch.full((len(seqs), T), -100)
+    for r, (seq, s) in enumerate(zip(seqs, start)):
+        x[r, : len(seq)] = torch.tensor(seq)
+        y[r, s : len(seq)] = torch.tensor(seq[s:])
+    return x, y
+
+
+def train_summariser(tok, seed, steps, log, batch_size=64):
+    """SFT of a tiny Llama on tldr-mini posts -> their noisy human references (+ eos), fresh posts every step, the
+    learning rate decaying linearly to 0: the policy imitates the references' flaws, as an SFT on TL;DR does."""
+    import torch
+    from make_tiny import build_model
+    from rewards import tldr_mini as tm
+    model, rng = build_model(tok, seed), random.Random(seed + 400)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
+    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: 1 - u / steps)
+    for step in range(steps):
+        seqs, start = [], []
+        for _ in range(batch_size):
+            text, facts, friend = tm.post(rng)
+            prompt = tok(text)["input_ids"]
+            seqs.append(prompt + tok(tm.reference(rng, facts, friend), add_special_tokens=False)["input_ids"]
+                        + [tok.eos_token_id])
+            start.append(len(prompt))
+        x, y = pad_batch(tok, seqs, start)
+        loss = model(input_ids=x, labels=y).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        decay.step()
+        if (step + 1) % 100 == 0:
+            log(f"  summariser step {step + 1}: loss {loss.item():.3f}")
+    return model
+
+
+def train_proxy_rm(sft, tok, seed, steps, log, batch_size=64, lr=1e-3):
+    """The tldr-mini proxy reward model (rewards/tldr_mini.py: rm_scores): the SFT summariser's layers under a new
+    one-output token head (as Stiennon et al. 2020 start their reward model from the SFT policy), trained by
+    Bradley-Terry on the simulated labeller's noisy preferences between two candidate summaries of a post (utility,
+    candidate), fresh pairs every step, the learning rate decaying linearly to 0."""
+    import torch
+    from transformers import LlamaForTokenClassification
+    from rewards import tldr_mini as tm
+    torch.manual_seed(seed)
+    model = LlamaForTokenClassification.from_pretrained(sft, num_labels=1)
+    model.config.pad_token_id = tok.pad_token_id
+    rng = random.Random(seed + 500)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    decay = torch.optim.lr_scheduler.LambdaLR(opt, lambda u: 1 - u / steps)
+    for step in range(steps):
+        posts, chosen, rejected = [], [], []
+        for _ in range(batch_size):
+            text, facts, friend = tm.post(rng)
+            a, b = tm.candidate(rng, facts, friend), tm.candidate(rng, facts, friend)
+            p = 1 / (1 + math.exp(tm.utility(b, facts) - tm.utility(a, facts)))
+            a, b = (a, b) if rng.random() < p else (b, a)
+            posts.append(text)
+            chosen.append(a)
+            rejected.append(b)
+        r = tm.rm_scores(model, tok, posts + posts, chosen + rejected)
+        loss = -torch.nn.functional.logsigmoid(r[:batch_size] - r[batch_size:]).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        decay.step()
+        if (step + 1) % 100 == 0:
+            log(f"  proxy rm step {step + 1}: loss {loss.item():.3f}")
+    return model
+
+
+def tldr_mini_info(policy, rm, tok, n=512, seed=0):
+    """What the shipped pair does on n fresh posts: the RM's agreement with the labeller's utility and with the gold
+    rule on candidate pairs of distinct utility / gold, and the SFT's samples at temperature 1 against the references
+    (win / tie rate, gold, proxy, pads)."""
+    import torch
+    from rewards import tldr_mini as tm
+    rng = random.Random(seed + 600)
+    posts = [tm.post(rng) for _ in range(n)]
+    pairs = [(text, facts, tm.candidate(rng, facts, friend), tm.candidate(rng, facts, friend))
+             for text, facts, friend in posts]
+    refs = [tm.reference(rng, facts, friend) for _, facts, friend in posts]
+    with torch.no_grad():
+        ra = tm.rm_scores(rm, tok, [t for t, _, _, _ in pairs], [a for _, _, a, _ in pairs])
+        rb = tm.rm_scores(rm, tok, [t for t, _, _, _ in pairs], [b for _, _, _, b in pairs])
+        torch.manual_seed(seed)
+        tok.padding_side = "left"
+        enc = tok([t for t, _, _ in posts], return_tensors="pt", padding=True)
+        tok.padding_side = "right"
+        out = policy.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=24,
+                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+
+    def agree(score):
+        d = [(score(a, f) - score(b, f), x - y) for (_, f, a, b), x, y in zip(pairs, ra.tolist(), rb.tolist())]
+        d = [(u, r) for u, r in d if u != 0]
+        return round(sum((u > 0) == (r > 0) for u, r in d) / len(d), 4)
+    golds = [tm.gold(s, f) for s, (_, f, _) in zip(texts, posts)]
+    ref_golds = [tm.gold(r, f) for r, (_, f, _) in zip(refs, posts)]
+    return {"posts": n, "rm_agrees_with_labeller": agree(tm.utility), "rm_agrees_with_gold": agree(tm.gold),
+            "sft_win_rate": round(sum(g > h for g, h in zip(golds, ref_golds)) / n, 4),
+            "sft_tie_rate": round(sum(g == h for g, h in zip(golds, ref_golds)) / n, 4),
+            "sft_gold": round(sum(golds) / n, 4), "reference_gold": round(sum(ref_golds) / n, 4),
+            "sft_summaries_in_language": round(sum(tm.clauses_of(s) is not None for s in texts) / n, 4),
+            "sft_pads": round(sum(len([c for c in tm.clauses_of(s) or [] if c in tm.PADS]) for s in texts) / n, 4)}
+
+
 def build(path, make, tok=None):
     """Run make(tmp) into path.tmp, then rename; skip when path exists."""
     if os.path.exists(path):
@@ -283,6 +409,19 @@ def main():
         log(f"  attacker: {info}")
         return model
     build(os.path.join(args.out, "tiny-redteam-modes", "sft"), make_attacker, attacker)
+    mini, summ = os.path.join(args.out, "tiny-tldr-mini"), summariser_tokenizer()
+    build(os.path.join(mini, "sft"), lambda tmp: train_summariser(summ, args.seed, 1000, log), summ)
+
+    def make_rm(tmp):
+        from transformers import AutoModelForCausalLM
+        rm = train_proxy_rm(os.path.join(mini, "sft"), summ, args.seed, 2000, log)
+        info = tldr_mini_info(AutoModelForCausalLM.from_pretrained(os.path.join(mini, "sft")), rm, summ,
+                              seed=args.seed)
+        with open(os.path.join(tmp, "tiny_info.json"), "w") as f:
+            json.dump(info, f, indent=2)
+        log(f"  tldr-mini: {info}")
+        return rm
+    build(os.path.join(mini, "rm"), make_rm, summ)
     write_sums(args.out)
 
 

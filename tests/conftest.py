@@ -89,9 +89,9 @@ def read_run(out_dir):
 
 @pytest.fixture(scope="session")
 def tiny_task_models(tiny_model):
-    """The shipped tiny assets of the model-based tasks tldr, redteam and redteam_modes (checked against
+    """The shipped tiny assets of the model-based tasks tldr, redteam, redteam_modes and tldr_mini (checked against
     assets/SHA256SUMS): returns the assets folder."""
     from policy import check_shipped
-    for path in ("tiny-tldr", "tiny-redteam", "tiny-redteam-modes"):
+    for path in ("tiny-tldr", "tiny-redteam", "tiny-redteam-modes", "tiny-tldr-mini"):
         check_shipped(os.path.join(ASSETS, path))
     return ASSETS

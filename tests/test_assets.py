@@ -18,7 +18,8 @@ def test_every_shipped_file_is_listed_and_matches():
     assert on_disk == sorted(listed)
     for name in listed:
         check_shipped(os.path.join(ASSETS, name))
-    for path in ("tiny-arith/sft", "tiny-tldr", "tiny-redteam/toxicity", "tiny-redteam-modes/sft"):
+    for path in ("tiny-arith/sft", "tiny-tldr", "tiny-redteam/toxicity", "tiny-redteam-modes/sft", "tiny-tldr-mini/sft",
+                 "tiny-tldr-mini/rm"):
         check_shipped(os.path.join(ASSETS, path))
 
 
