@@ -233,3 +233,24 @@ def test_finals_table_puts_several_metrics_side_by_side(tmp_path):
     assert rows[1] == ["start", "-", "10.0", "6.000"]
     assert rows[2] == ["0.5", "3", by_hand([0.50, 0.52, 0.54]), "5.000 ± 0.577"]
     assert rows[3] == ["0.95", "3", by_hand([0.60, 0.63, 0.69]), "6.000 ± 0.000"]
+    # --at 30: the values of the step-30 evaluation instead of the end (a step without one: NaN)
+    p = tables(*dirs, "--metric", "attack_success", "--finals", "attack_success,modes_covered", "--no-plot",
+               "--at", "30", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = table_rows(p.stdout)
+    assert rows[2] == ["0.5", "3", "50.0 ± 0.0", "5.000 ± 0.000"] and rows[3][2] == "50.0 ± 0.0"
+    p = tables(*dirs, "--metric", "attack_success", "--finals", "modes_covered", "--no-plot", "--at", "31",
+               cwd=tmp_path)
+    assert table_rows(p.stdout)[2][2] == "nan ± nan"
+
+
+def test_front_plots_one_metric_against_another(tmp_path):
+    """--front kl: a plot of the metric against eval/kl through the evaluations, instead of the curves."""
+    pytest.importorskip("matplotlib")
+    dirs = []
+    for (m, seed), (final, mid, wall) in RUNS.items():
+        dirs.append(str(tmp_path / f"m{m}_seed{seed}"))
+        make_run(dirs[-1], m, seed, final, mid, wall, extra={"win_rate": (0.3, 0.4, final), "kl": (0.0, 1.0, 2.0)})
+    p = tables(*dirs, "--metric", "win_rate", "--front", "kl", "--plot", "front.png", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "plot: front.png" in p.stdout and os.path.getsize(tmp_path / "front.png") > 1000
