@@ -94,13 +94,32 @@ def curve(run, metric, x):
     return np.array(xs, dtype=float), np.array(ys, dtype=float)
 
 
-def plot(groups, path, metric="accuracy"):
+def pyplot():
+    """matplotlib.pyplot on the Agg backend, or None (and a note) when matplotlib is not installed."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         print("note: matplotlib is not installed, no plot (pip install matplotlib)")
+        return None
+    return plt
+
+
+def save(plt, fig, axes, path):
+    """Legends where there are labelled lines, then the PNG."""
+    for ax in axes:
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    print(f"plot: {path}")
+
+
+def plot(groups, path, metric="accuracy"):
+    plt = pyplot()
+    if plt is None:
         return
     panels = [(f"eval/{metric}", "time"), (f"eval/{metric}", "step"),
               ("train/reward_mean", "time"), ("train/reward_mean", "step")]
@@ -131,13 +150,7 @@ def plot(groups, path, metric="accuracy"):
             pct = logged.split("/")[-1] in PERCENT and logged.startswith("eval/")
             ax.set_ylabel(f"{logged} (%)" if pct else logged)
             ax.grid(alpha=0.3)
-    for ax in axes.flat:
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"plot: {path}")
+    save(plt, fig, axes.flat, path)
 
 
 def against_table(groups, keys, against, names, scale, digits, what):
@@ -168,12 +181,8 @@ def against_table(groups, keys, against, names, scale, digits, what):
 
 def plot_against(lines, against, path, what):
     """Final and best against `against` (its values evenly spaced), a plotted line per group, s.e. as error bars."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: matplotlib is not installed, no plot (pip install matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return
     ticks = sorted({v for points in lines.values() for v, _, _ in points}, key=lambda v: sort_key([v]))
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
@@ -186,11 +195,7 @@ def plot_against(lines, against, path, what):
         ax.set_xlabel(against)
         ax.set_ylabel(f"{title} {what}")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"plot: {path}")
+    save(plt, fig, axes[:1], path)
 
 
 def parse_args():
@@ -276,12 +281,8 @@ def group_table(groups, keys, names, metric, scale, digits, what):
 def plot_front(groups, path, metric, x):
     """--front: eval/<metric> against eval/<x>, one line per group through its evaluations (each point the mean over
     the group's seeds at one step; the step-0 point is marked with a square, the last with a circle)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("note: matplotlib is not installed, no plot (pip install matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 5))
     for i, (label, runs) in enumerate(groups.items()):
@@ -302,12 +303,7 @@ def plot_front(groups, path, metric, x):
     ax.set_xlabel(f"eval/{x}" + (" (%)" if x in PERCENT else ""))
     ax.set_ylabel(f"eval/{metric}" + (" (%)" if metric in PERCENT else ""))
     ax.grid(alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    print(f"plot: {path}")
+    save(plt, fig, [ax], path)
 
 
 def value_at(run, metric, step):

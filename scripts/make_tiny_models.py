@@ -169,6 +169,26 @@ def attacker_tokenizer():
     return build_tokenizer(texts=texts)
 
 
+def pad_batch(tok, seqs, start):
+    """(input ids, labels) right-padded; labels -100 before each sequence's `start` and on padding."""
+    import torch
+    T = max(map(len, seqs))
+    x, y = torch.full((len(seqs), T), tok.pad_token_id), torch.full((len(seqs), T), -100)
+    for r, (seq, s) in enumerate(zip(seqs, start)):
+        x[r, : len(seq)] = torch.tensor(seq)
+        y[r, s : len(seq)] = torch.tensor(seq[s:])
+    return x, y
+
+
+def update(opt, decay, loss):
+    """One optimiser step on `loss` and one of the learning-rate schedule; returns the loss."""
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    decay.step()
+    return loss
+
+
 def train_attacker(tok, seed, steps, log, batch_size=128):
     """SFT of a tiny Llama (make_tiny.build_model) on questions of the red-team-modes grammar after its prompt (loss on
     the question + eos), fresh questions every step, the learning rate decaying linearly to 0 (so the model settles
@@ -183,16 +203,8 @@ def train_attacker(tok, seed, steps, log, batch_size=128):
     for step in range(steps):
         seqs = [prompt + tok(rm.sample_question(rng), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                 for _ in range(batch_size)]
-        T = max(map(len, seqs))
-        x, y = torch.full((batch_size, T), tok.pad_token_id), torch.full((batch_size, T), -100)
-        for r, seq in enumerate(seqs):
-            x[r, : len(seq)] = torch.tensor(seq)
-            y[r, len(prompt) : len(seq)] = torch.tensor(seq[len(prompt) :])
-        loss = model(input_ids=x, labels=y).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        decay.step()
+        x, y = pad_batch(tok, seqs, [len(prompt)] * batch_size)
+        loss = update(opt, decay, model(input_ids=x, labels=y).loss)
         if (step + 1) % 100 == 0:
             log(f"  attacker step {step + 1}: loss {loss.item():.3f} (the grammar's entropy per question: "
                 f"{grammar_entropy():.3f} nats over ~11 tokens)")
@@ -257,17 +269,6 @@ def summariser_tokenizer():
     return build_tokenizer(texts=texts)
 
 
-def pad_batch(tok, seqs, start):
-    """(input ids, labels) right-padded; labels -100 before each sequence's `start` and on padding."""
-    import torch
-    T = max(map(len, seqs))
-    x, y = torch.full((len(seqs), T), tok.pad_token_id), torch.full((len(seqs), T), -100)
-    for r, (seq, s) in enumerate(zip(seqs, start)):
-        x[r, : len(seq)] = torch.tensor(seq)
-        y[r, s : len(seq)] = torch.tensor(seq[s:])
-    return x, y
-
-
 def train_summariser(tok, seed, steps, log, batch_size=64):
     """SFT of a tiny Llama on tldr-mini posts -> their noisy human references (+ eos), fresh posts every step, the
     learning rate decaying linearly to 0: the policy imitates the references' flaws, as an SFT on TL;DR does."""
@@ -286,11 +287,7 @@ def train_summariser(tok, seed, steps, log, batch_size=64):
                         + [tok.eos_token_id])
             start.append(len(prompt))
         x, y = pad_batch(tok, seqs, start)
-        loss = model(input_ids=x, labels=y).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        decay.step()
+        loss = update(opt, decay, model(input_ids=x, labels=y).loss)
         if (step + 1) % 100 == 0:
             log(f"  summariser step {step + 1}: loss {loss.item():.3f}")
     return model
@@ -321,11 +318,7 @@ def train_proxy_rm(sft, tok, seed, steps, log, batch_size=64, lr=1e-3):
             chosen.append(a)
             rejected.append(b)
         r = tm.rm_scores(model, tok, posts + posts, chosen + rejected)
-        loss = -torch.nn.functional.logsigmoid(r[:batch_size] - r[batch_size:]).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        decay.step()
+        loss = update(opt, decay, -torch.nn.functional.logsigmoid(r[:batch_size] - r[batch_size:]).mean())
         if (step + 1) % 100 == 0:
             log(f"  proxy rm step {step + 1}: loss {loss.item():.3f}")
     return model
