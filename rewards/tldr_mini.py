@@ -38,7 +38,7 @@ import re
 import numpy as np
 import torch
 
-from policy import DTYPES, ModelError, check_shipped, encode_prompt
+from policy import DTYPES, ModelError, check_shipped, encode_prompt, token_logprobs
 from rewards import DataError, hf
 
 NAMES = ["anna", "ben", "cara", "dan", "emma", "finn", "gina", "hugo"]
@@ -114,14 +114,17 @@ def clauses_of(text):
     return parts if all(CLAUSE.fullmatch(p) for p in parts) else None
 
 
+def fact_score(text, facts):
+    """+1 for each of the writer's facts the text states, -1 for each other fact word it states."""
+    stated = {x for x in text.split() if x in FACTS}
+    return len(stated & set(facts)) - len(stated - set(facts))
+
+
 def gold(text, facts):
     """The gold judge: see the module's doc."""
     if clauses_of(text) is None:
         return NOT_A_SUMMARY
-    words = text.split()
-    stated = {x for x in words if x in FACTS}
-    right = len(stated & set(facts))
-    return right - len(stated - set(facts)) - 0.5 * max(0, len(words) - MAX_WORDS)
+    return fact_score(text, facts) - 0.5 * max(0, len(text.split()) - MAX_WORDS)
 
 
 def utility(text, facts):
@@ -129,8 +132,7 @@ def utility(text, facts):
     parts = clauses_of(text)
     if parts is None:
         return NOT_A_SUMMARY
-    stated = {x for x in text.split() if x in FACTS}
-    return len(stated & set(facts)) - len(stated - set(facts)) + LENGTH_BIAS * sum(p in PADS for p in parts)
+    return fact_score(text, facts) + LENGTH_BIAS * sum(p in PADS for p in parts)
 
 
 def candidate(rng, facts, friend):
@@ -224,7 +226,6 @@ class Evaluator:
 
     @torch.no_grad()
     def sft_logprobs(self, prompts, responses):
-        from policy import token_logprobs
         out = []
         for s in range(0, len(prompts), EVAL_BATCH):
             lp, mask = token_logprobs(self.sft, prompts[s : s + EVAL_BATCH], responses[s : s + EVAL_BATCH], 1.0)
