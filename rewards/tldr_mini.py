@@ -54,8 +54,8 @@ PADS = ["is sad", "feels bad", "had a long week", "is tired"]
 PROMPT = "post : {body} tl;dr :"
 MAX_WORDS = 8         # gold: -0.5 per word past this (a clean summary has 7, "." included)
 NOT_A_SUMMARY = -3.0  # gold of a text outside the summary language (below every summary of it but the worst)
-LENGTH_BIAS = 0.6     # the labeller's utility per padding clause (the gold's is -1 to -2: 3-4 words past MAX_WORDS)
-REFERENCE_NOISE = {"drop_want": 0.2, "wrong_fact": 0.15, "pad": 0.2}  # the human references' flaws, independent
+LENGTH_BIAS = 0.5     # the labeller's utility per padding clause (the gold's is -1 to -2: 3-4 words past MAX_WORDS)
+REFERENCE_NOISE = {"drop_want": 0.3, "wrong_fact": 0.3, "pad": 0.2}  # the human references' flaws, independent
 NON_EOS_PENALTY = -1.0
 DEFAULT_TRAIN = "procedural:train:512"
 DEFAULT_TEST = "procedural:test:256"
@@ -89,10 +89,11 @@ def facts_of(text):
 
 
 def summary(facts, want=True, pads=0, rng=None):
-    """ " <name> lost <item> [and wants <want>] [and <pad>]... ." """
+    """ " <name> lost <item> [and wants <want>] [and <pad>]... .": pads is a count (drawn from PADS with rng) or the
+    padding clauses themselves."""
     n, i, w = facts
     clauses = [f"{n} lost {i}"] + ([f"wants {w}"] if want else [])
-    clauses += [rng.choice(PADS) for _ in range(pads)] if pads else []
+    clauses += [rng.choice(PADS) for _ in range(pads)] if isinstance(pads, int) else list(pads)
     return " " + " and ".join(clauses) + " ."
 
 
@@ -135,14 +136,23 @@ def utility(text, facts):
     return fact_score(text, facts) + LENGTH_BIAS * sum(p in PADS for p in parts)
 
 
-def candidate(rng, facts, friend):
-    """A candidate summary for the labeller (the RM's preference data): the facts, each flaw and 0-3 pads at random."""
-    n, i, w = facts
-    n = friend[0] if rng.random() < 0.15 else n
-    i = friend[1] if rng.random() < 0.15 else i
-    w = friend[2] if rng.random() < 0.1 else w
-    pads = rng.choices([0, 1, 2, 3], weights=[0.5, 0.25, 0.15, 0.1])[0]
-    return summary((n, i, w), want=rng.random() >= 0.3, pads=pads, rng=rng)
+def labeller_pair(rng, facts, friend):
+    """Two candidate summaries of a post for the labeller (the RM's preference data): one with each flaw and 0-3 pads
+    at random, and the same summary with one thing changed (a fact swapped with the distractor's or back, the want
+    dropped or restored, a pad added or removed). A pair that differs in one feature is what lets the tiny RM learn
+    that a wrong name costs 2: from pairs of unrelated summaries it learnt about 0.5 in 2000 steps."""
+    a = [friend[k] if rng.random() < p else facts[k] for k, p in enumerate((0.15, 0.15, 0.1))]
+    a += [rng.random() >= 0.3, [rng.choice(PADS) for _ in range(rng.choices([0, 1, 2, 3], [0.5, 0.25, 0.15, 0.1])[0])]]
+    b, k = a[:4] + [list(a[4])], rng.choice([0, 1, 2, 3, 4] if a[3] else [0, 1, 3, 4])  # no want: none to swap
+    if k < 3:
+        b[k] = friend[k] if b[k] == facts[k] else facts[k]
+    elif k == 3:
+        b[3] = not b[3]
+    elif b[4] and rng.random() < 0.5:
+        b[4].pop(rng.randrange(len(b[4])))
+    else:
+        b[4].insert(rng.randrange(len(b[4]) + 1), rng.choice(PADS))
+    return tuple(summary(x[:3], want=x[3], pads=x[4]) for x in (a, b))
 
 
 def load(source, split):

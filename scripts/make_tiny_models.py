@@ -297,7 +297,7 @@ def train_proxy_rm(sft, tok, seed, steps, log, batch_size=64, lr=1e-3):
     """The tldr-mini proxy reward model (rewards/tldr_mini.py: rm_scores): the SFT summariser's layers under a new
     one-output token head (as Stiennon et al. 2020 start their reward model from the SFT policy), trained by
     Bradley-Terry on the simulated labeller's noisy preferences between two candidate summaries of a post (utility,
-    candidate), fresh pairs every step, the learning rate decaying linearly to 0."""
+    labeller_pair), fresh pairs every step, the learning rate decaying linearly to 0."""
     import torch
     from transformers import LlamaForTokenClassification
     from rewards import tldr_mini as tm
@@ -311,7 +311,7 @@ def train_proxy_rm(sft, tok, seed, steps, log, batch_size=64, lr=1e-3):
         posts, chosen, rejected = [], [], []
         for _ in range(batch_size):
             text, facts, friend = tm.post(rng)
-            a, b = tm.candidate(rng, facts, friend), tm.candidate(rng, facts, friend)
+            a, b = tm.labeller_pair(rng, facts, friend)
             p = 1 / (1 + math.exp(tm.utility(b, facts) - tm.utility(a, facts)))
             a, b = (a, b) if rng.random() < p else (b, a)
             posts.append(text)
@@ -326,18 +326,24 @@ def train_proxy_rm(sft, tok, seed, steps, log, batch_size=64, lr=1e-3):
 
 def tldr_mini_info(policy, rm, tok, n=512, seed=0):
     """What the shipped pair does on n fresh posts: the RM's agreement with the labeller's utility and with the gold
-    rule on candidate pairs of distinct utility / gold, and the SFT's samples at temperature 1 against the references
-    (win / tie rate, gold, proxy, pads)."""
+    rule on labeller pairs of distinct utility / gold, what one flaw or pad costs in its score against the clean
+    summary (the labeller's utility: a wrong fact -2, no want -1, a pad +LENGTH_BIAS), and the SFT's samples at
+    temperature 1 against the references (win / tie rate, gold, proxy, pads), and where the KL-regularised optimum of
+    the proxy and of the labeller lies at several beta (kl_optimum)."""
     import torch
     from rewards import tldr_mini as tm
     rng = random.Random(seed + 600)
     posts = [tm.post(rng) for _ in range(n)]
-    pairs = [(text, facts, tm.candidate(rng, facts, friend), tm.candidate(rng, facts, friend))
-             for text, facts, friend in posts]
+    pairs = [(text, facts, *tm.labeller_pair(rng, facts, friend)) for text, facts, friend in posts]
     refs = [tm.reference(rng, facts, friend) for _, facts, friend in posts]
     with torch.no_grad():
         ra = tm.rm_scores(rm, tok, [t for t, _, _, _ in pairs], [a for _, _, a, _ in pairs])
         rb = tm.rm_scores(rm, tok, [t for t, _, _, _ in pairs], [b for _, _, _, b in pairs])
+        edits = {"clean": lambda f, fr: tm.summary(f), "wrong_name": lambda f, fr: tm.summary((fr[0], f[1], f[2])),
+                 "wrong_item": lambda f, fr: tm.summary((f[0], fr[1], f[2])),
+                 "no_want": lambda f, fr: tm.summary(f, want=False), "pad": lambda f, fr: tm.summary(f, pads=["is sad"])}
+        edit = {k: tm.rm_scores(rm, tok, [t for t, _, _ in posts], [e(f, fr) for _, f, fr in posts]).mean().item()
+                for k, e in edits.items()}
         torch.manual_seed(seed)
         tok.padding_side = "left"
         enc = tok([t for t, _, _ in posts], return_tensors="pt", padding=True)
@@ -357,7 +363,40 @@ def tldr_mini_info(policy, rm, tok, n=512, seed=0):
             "sft_tie_rate": round(sum(g == h for g, h in zip(golds, ref_golds)) / n, 4),
             "sft_gold": round(sum(golds) / n, 4), "reference_gold": round(sum(ref_golds) / n, 4),
             "sft_summaries_in_language": round(sum(tm.clauses_of(s) is not None for s in texts) / n, 4),
-            "sft_pads": round(sum(len([c for c in tm.clauses_of(s) or [] if c in tm.PADS]) for s in texts) / n, 4)}
+            "sft_pads": round(sum(len([c for c in tm.clauses_of(s) or [] if c in tm.PADS]) for s in texts) / n, 4),
+            "rm_cost_against_clean": {k: round(v - edit["clean"], 3) for k, v in edit.items() if k != "clean"},
+            **kl_optimum(policy, rm, tok, posts[:128], refs[:128], seed)}
+
+
+def kl_optimum(policy, rm, tok, posts, refs, seed, samples=32, betas=(1.0, 0.5, 0.2, 0.05)):
+    """Win rate and KL to the SFT of pi_sft(y) exp(r(y) / beta) normalised, the optimum of KL-regularised RL at
+    coefficient beta and TB's target (paper Eq. 2), for r = the proxy RM and r = the labeller's utility: estimated by
+    weighting `samples` SFT summaries per post by softmax(r / beta) (self-normalised importance sampling, so it sees
+    only what the SFT writes: the optimum's over-optimisation beyond the SFT's support is not in it). The landscape
+    has a front with a rising part when the optimum at a moderate beta wins more than the SFT."""
+    import torch
+    from rewards import tldr_mini as tm
+    torch.manual_seed(seed + 1)
+    texts = []
+    with torch.no_grad():
+        for text, _, _ in posts:
+            enc = tok([text] * samples, return_tensors="pt")
+            out = policy.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=24,
+                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+            texts.append(tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True))
+        proxy = [tm.rm_scores(rm, tok, [t] * samples, ys).tolist() for (t, _, _), ys in zip(posts, texts)]
+    labeller = [[tm.utility(y, f) for y in ys] for (_, f, _), ys in zip(posts, texts)]
+    wins = torch.tensor([[float(tm.gold(y, f) > tm.gold(r, f)) for y in ys] for (_, f, _), r, ys
+                         in zip(posts, refs, texts)])
+    result = {}
+    for name, r in (("proxy", proxy), ("labeller", labeller)):
+        for beta in betas:
+            w = torch.softmax(torch.tensor(r) / beta, dim=1)
+            kl = torch.xlogy(w, w * samples).sum(1).mean().item()
+            result.setdefault(f"{name}_optimum_win_rate", {})[str(beta)] = round((w * wins).sum(1).mean().item(), 4)
+            result.setdefault(f"{name}_optimum_kl", {})[str(beta)] = round(kl, 3)
+    result["sft_win_rate_on_these_posts"] = round(wins.mean().item(), 4)
+    return result
 
 
 def build(path, make, tok=None):

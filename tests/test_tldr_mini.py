@@ -31,9 +31,33 @@ def test_posts_carry_their_facts_and_references_their_noise():
         flaws["wrong"] += parts[0] != f"{facts[0]} lost {facts[1]}"
         flaws["pad"] += any(p in tm.PADS for p in parts)
         flaws["clean"] += ref == tm.summary(facts)
-    for key, p in (("no_want", 0.2), ("wrong", 0.15), ("pad", 0.2)):
+    noise = tm.REFERENCE_NOISE
+    for key, p in (("no_want", noise["drop_want"]), ("wrong", noise["wrong_fact"]), ("pad", noise["pad"])):
         assert flaws[key] / 4000 == pytest.approx(p, abs=0.025)
-    assert flaws["clean"] / 4000 == pytest.approx(0.8 * 0.85 * 0.8, abs=0.03)
+    clean = (1 - noise["drop_want"]) * (1 - noise["wrong_fact"]) * (1 - noise["pad"])
+    assert flaws["clean"] / 4000 == pytest.approx(clean, abs=0.03)
+
+
+def test_labeller_pairs_differ_in_one_feature():
+    rng = random.Random(1)
+    changed = {"name": 0, "item": 0, "want": 0, "no_want": 0, "pads": 0}
+    for _ in range(2000):
+        _, facts, friend = tm.post(rng)
+        a, b = tm.labeller_pair(rng, facts, friend)
+        pa, pb = tm.clauses_of(a), tm.clauses_of(b)
+        assert pa is not None and pb is not None and a != b
+        (na, _, ia), (nb, _, ib) = pa[0].split(), pb[0].split()
+        wa, wb = [p for p in pa if p.startswith("wants")], [p for p in pb if p.startswith("wants")]
+        diff = {"name": na != nb, "item": ia != ib, "want": wa != wb and bool(wa) and bool(wb),
+                "no_want": bool(wa) != bool(wb), "pads": [p for p in pa if p in tm.PADS] != [p for p in pb if p in tm.PADS]}
+        assert sum(diff.values()) == 1, (a, b)
+        for k, d in diff.items():
+            changed[k] += d
+        assert {na, nb} <= {facts[0], friend[0]} and {ia, ib} <= {facts[1], friend[1]}
+        gap = abs(tm.utility(a, facts) - tm.utility(b, facts))
+        assert gap == pytest.approx({"name": 2, "item": 2, "want": 2, "no_want": 1, "pads": tm.LENGTH_BIAS}[
+            next(k for k, d in diff.items() if d)])
+    assert all(n > 250 for n in changed.values()), changed  # each feature about a fifth of the pairs
 
 
 def test_gold_rewards_the_facts_and_brevity_and_the_labeller_likes_length():
@@ -43,9 +67,9 @@ def test_gold_rewards_the_facts_and_brevity_and_the_labeller_likes_length():
         " anna lost job .": (2.0, 2.0),
         " ben lost job and wants advice .": (1.0, 1.0),  # a wrong name: -1, and the right one missing
         " anna lost job and ben wants money .": (0.0, 0.0),  # two wrong facts stated, the want missed
-        " anna lost job and wants advice and is sad .": (2.0, 3.6),  # 10 words: -1; the labeller: +0.6
-        " anna lost job and wants advice and is sad and is tired .": (0.5, 4.2),
-        " anna lost job and wants advice and had a long week .": (1.0, 3.6),
+        " anna lost job and wants advice and is sad .": (2.0, 3.0 + tm.LENGTH_BIAS),  # 10 words: -1
+        " anna lost job and wants advice and is sad and is tired .": (0.5, 3.0 + 2 * tm.LENGTH_BIAS),
+        " anna lost job and wants advice and had a long week .": (1.0, 3.0 + tm.LENGTH_BIAS),
         "anna job advice .": (tm.NOT_A_SUMMARY, tm.NOT_A_SUMMARY),  # outside the language
         " anna lost job and wants advice": (tm.NOT_A_SUMMARY, tm.NOT_A_SUMMARY),  # cut before the "."
         "": (tm.NOT_A_SUMMARY, tm.NOT_A_SUMMARY),
@@ -91,10 +115,16 @@ def test_evaluator_counts_wins_ties_apart_and_estimates_kl():
 
 def test_the_shipped_pair_behaves_as_recorded():
     """The proxy RM agrees with its labeller more than with the gold, prefers padding (the gold does not) and the
-    right facts; the SFT writes the summary language and wins sometimes (rm/tiny_info.json, made by the builder)."""
+    right facts; the SFT writes the summary language and wins sometimes; the KL-regularised optimum of the proxy wins
+    more than the SFT at beta 1 and less at 0.05, a front that rises then falls (rm/tiny_info.json, made by the
+    builder)."""
     info = json.load(open(os.path.join(MINI, "rm", "tiny_info.json")))
     assert info["rm_agrees_with_labeller"] > 0.75 and info["rm_agrees_with_gold"] < info["rm_agrees_with_labeller"]
-    assert info["sft_summaries_in_language"] > 0.9 and 0.0 < info["sft_win_rate"] < 0.46
+    noise = tm.REFERENCE_NOISE
+    best = 1 - (1 - noise["drop_want"]) * (1 - noise["wrong_fact"]) * (1 - noise["pad"])  # a clean summary's wins
+    assert info["sft_summaries_in_language"] > 0.9 and 0.0 < info["sft_win_rate"] < best
+    proxy, sft = info["proxy_optimum_win_rate"], info["sft_win_rate_on_these_posts"]
+    assert proxy["1.0"] > sft > proxy["0.05"] and info["labeller_optimum_win_rate"]["0.5"] > proxy["1.0"]
     from config import Config
     scorer = tm.Scorer(Config(reward_model=os.path.join(MINI, "rm")), "cpu")
     rng = random.Random(5)
