@@ -209,8 +209,8 @@ def parse_args():
                    "group of the other keys that differ (e.g. weight_delay)")
     p.add_argument("--front", default="", help="an eval metric X: plot --metric against eval/X at every evaluation, a "
                    "line per group (mean over its seeds at each step), e.g. --metric win_rate --front kl")
-    p.add_argument("--at", type=int, default=None, help="with --finals: the values at this step's evaluation instead "
-                   "of the run's end")
+    p.add_argument("--at", default=None, help="with --finals: the values at this step's evaluation instead of the "
+                   "run's end, or 'best': at each run's evaluation where --metric is best (the peak of a front)")
     p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
                    "(mean ± s.e.), a column each, instead of the main table (e.g. attack_success,modes_covered)")
     p.add_argument("--metric", default="accuracy", help="the eval metric to compare (accuracy, win_rate, perplexity, "
@@ -314,22 +314,33 @@ def value_at(run, metric, step):
                 float("nan"))
 
 
-def finals_table(groups, names, metrics, step=None):
-    """--finals: a row per group, a column per eval metric: its value at the run's end (or at --at STEP; mean ± s.e.
-    over seeds; rates in percent), and its start value in the first row's cells."""
+def best_step(run, metric):
+    """The step of the run's evaluation where eval/<metric> is best (highest; lowest for LOWER_IS_BETTER)."""
+    rows = [row for row in run["rows"] if f"eval/{metric}" in row]
+    return max(rows, key=lambda row: row[f"eval/{metric}"] * (-1 if metric in LOWER_IS_BETTER else 1))["step"]
+
+
+def finals_table(groups, names, metrics, step=None, metric=None):
+    """--finals: a row per group, a column per eval metric: its value at the run's end (or at --at STEP, or at
+    --at best: each run's evaluation where `metric` is best, with a column of those steps; mean ± s.e. over seeds;
+    rates in percent), and its start value in the first row's cells."""
     if step is not None:
-        print(f"at step {step}:")
-    print("| " + " | ".join((names or ["group"]) + ["n"] + list(metrics)) + " |")
-    print("|" + "---|" * (len(names or ["group"]) + 1 + len(metrics)))
+        print(f"at each run's best eval/{metric}:" if step == "best" else f"at step {step}:")
+    steps = ["step"] if step == "best" else []
+    print("| " + " | ".join((names or ["group"]) + ["n"] + steps + list(metrics)) + " |")
+    print("|" + "---|" * (len(names or ["group"]) + 1 + len(steps) + len(metrics)))
     first = next(iter(groups.values()))[0]
     start = [first["summary"]["eval_start"].get(m, float("nan")) * (100 if m in PERCENT else 1) for m in metrics]
-    print("| " + " | ".join(["start"] * len(names or ["group"]) + ["-"] + [f"{v:.{1 if m in PERCENT else 3}f}"
-                                                                            for v, m in zip(start, metrics)]) + " |")
+    print("| " + " | ".join(["start"] * len(names or ["group"]) + ["-"] + ["0"] * len(steps)
+                            + [f"{v:.{1 if m in PERCENT else 3}f}" for v, m in zip(start, metrics)]) + " |")
     for values, members in groups.items():
         cells = [str(v) for v in values] or ["all"]
         cells.append(str(len(members)))
+        at = [best_step(r, metric) if step == "best" else step for r in members]
+        if steps:
+            cells.append(fmt(*mean_se(at, 1.0), 0))
         for m in metrics:
-            ends = [value_at(r, m, step) for r in members]
+            ends = [value_at(r, m, s) for r, s in zip(members, at)]
             cells.append(fmt(*mean_se(ends, 100.0 if m in PERCENT else 1.0), 1 if m in PERCENT else 3))
         print("| " + " | ".join(cells) + " |")
 
@@ -345,6 +356,10 @@ def write_csv(records, path):
 
 def main():
     args = parse_args()
+    if args.at not in (None, "best"):
+        if not args.at.isdigit():
+            fail(f"--at: '{args.at}' is neither a step nor 'best'")
+        args.at = int(args.at)
     runs = load_finished(args.runs, args.metric)
     keys, groups = group_runs(runs, args.group_by)
     names = [{"asynchronous": "async"}.get(k, k) for k in keys]
@@ -365,7 +380,7 @@ def main():
     if args.front and not args.no_plot:
         plot_front(labels, args.plot, args.metric, args.front)
     if args.finals:
-        finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.at)
+        finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.at, args.metric)
         if not args.no_plot and not args.front:
             plot(labels, args.plot, args.metric)
         return

@@ -64,10 +64,10 @@ def table_rows(stdout):
     return [[c.strip() for c in line.strip("|").split("|")] for line in lines[:1] + lines[2:]]
 
 
-def by_hand(values):
-    """mean ± s.e. in percent, one decimal, computed without numpy."""
-    xs = [100 * v for v in values]
-    return f"{statistics.mean(xs):.1f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.1f}"
+def by_hand(values, scale=100, digits=1):
+    """mean ± s.e. (in percent, one decimal, by default), computed without numpy."""
+    xs = [scale * v for v in values]
+    return f"{statistics.mean(xs):.{digits}f} ± {statistics.stdev(xs) / math.sqrt(len(xs)):.{digits}f}"
 
 
 def test_table_numbers_and_grouping(runs, tmp_path):
@@ -242,6 +242,16 @@ def test_finals_table_puts_several_metrics_side_by_side(tmp_path):
     p = tables(*dirs, "--metric", "attack_success", "--finals", "modes_covered", "--no-plot", "--at", "31",
                cwd=tmp_path)
     assert table_rows(p.stdout)[2][2] == "nan ± nan"
+    # --at best: each run at its own evaluation of highest --metric (the first one on a tie), with those steps
+    p = tables(*dirs, "--metric", "attack_success", "--finals", "modes_covered", "--no-plot", "--at", "best",
+               cwd=tmp_path)
+    rows = table_rows(p.stdout)
+    assert rows[0] == ["m", "n", "step", "modes_covered"] and rows[1] == ["start", "-", "0", "6.000"]
+    # m = 0.5: seed 0 peaks at step 30 (0.50 = its end), seeds 1-2 at the end with 6 - seed modes
+    assert rows[2] == ["0.5", "3", by_hand([30, STEPS, STEPS], 1, 0), by_hand([5, 5, 4], 1, 3)]
+    assert rows[3] == ["0.95", "3", f"{STEPS} ± 0", "6.000 ± 0.000"]
+    p = tables(*dirs, "--finals", "modes_covered", "--no-plot", "--at", "last", cwd=tmp_path)
+    assert p.returncode != 0 and "--at: 'last' is neither a step nor 'best'" in p.stderr
 
 
 def test_front_plots_one_metric_against_another(tmp_path):
