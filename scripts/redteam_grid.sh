@@ -39,16 +39,5 @@ declare -A ARM=(
 )
 ORDER="tb dr_grpo tb_beta0.1 grpo rloo online_dpo tb_sync rloo_beta1 searchers1_beta0.1 searchers4_beta0.1
        buffer640_beta0.1 buffer64k_beta0.1"
-failed=()
-for seed in $SEEDS; do
-  for arm in ${ARMS:-$ORDER}; do
-    [ -n "${ARM[$arm]+x}" ] || { echo "error: unknown arm '$arm' (one of: $ORDER)" >&2; exit 2; }
-    dir="$OUT/$arm/seed$seed"
-    [ -f "$dir/summary.json" ] && { echo "skip $dir (finished)"; continue; }
-    echo "== $arm seed $seed -> $dir"
-    # shellcheck disable=SC2086
-    bash launch.sh configs/redteam_modes.yaml ${ARM[$arm]} seed=$seed out_dir="$dir" progress=false resume=auto \
-      || failed+=("$dir")
-  done
-done
-[ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]}" >&2; exit 1; }
+source scripts/grid.sh
+run_grid configs/redteam_modes.yaml

@@ -31,16 +31,5 @@ for d in 0 1 14; do
   ARM[grpo_d$d]="async=false weight_delay=$d loss=grpo beta_start=0.04 beta_end=0.04"
 done
 ORDER="tb rloo_d0 online_dpo_d0 grpo_d0 rloo_d14 online_dpo_d14 grpo_d14 rloo_d1 online_dpo_d1 grpo_d1 tb_m0.4 tb_m0.6"
-failed=()
-for seed in $SEEDS; do
-  for arm in ${ARMS:-$ORDER}; do
-    [ -n "${ARM[$arm]+x}" ] || { echo "error: unknown arm '$arm' (one of: $ORDER)" >&2; exit 2; }
-    dir="$OUT/$arm/seed$seed"
-    [ -f "$dir/summary.json" ] && { echo "skip $dir (finished)"; continue; }
-    echo "== $arm seed $seed -> $dir"
-    # shellcheck disable=SC2086
-    bash launch.sh configs/tldr_mini.yaml ${ARM[$arm]} seed=$seed out_dir="$dir" progress=false resume=auto \
-      || failed+=("$dir")
-  done
-done
-[ ${#failed[@]} -eq 0 ] || { echo "failed: ${failed[*]}" >&2; exit 1; }
+source scripts/grid.sh
+run_grid configs/tldr_mini.yaml
