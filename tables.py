@@ -212,7 +212,8 @@ def parse_args():
     p.add_argument("--at", default=None, help="with --finals: the values at this step's evaluation instead of the "
                    "run's end, or 'best': at each run's evaluation where --metric is best (the peak of a front)")
     p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
-                   "(mean ± s.e.), a column each, instead of the main table (e.g. attack_success,modes_covered)")
+                   "(mean ± s.e.), a column each, instead of the main table (e.g. attack_success,modes_covered); a "
+                   "name with a slash is a logged scalar's mean over the run (e.g. staleness/mean)")
     p.add_argument("--metric", default="accuracy", help="the eval metric to compare (accuracy, win_rate, perplexity, "
                    "attack_success_rate, diversity, log_p_toxic, or any eval/<name> the task logs)")
     args = p.parse_args()
@@ -307,7 +308,11 @@ def plot_front(groups, path, metric, x):
 
 
 def value_at(run, metric, step):
-    """eval/<metric> at the evaluation of `step` (None: the run's end, summary.json's eval_end); NaN if not logged."""
+    """eval/<metric> at the evaluation of `step` (None: the run's end, summary.json's eval_end); NaN if not logged.
+    A name with a slash (staleness/mean, train/kl_seq) is a logged scalar instead: its mean over the run's steps."""
+    if "/" in metric:
+        values = [row[metric] for row in run["rows"] if isinstance(row.get(metric), (int, float))]
+        return sum(values) / len(values) if values else float("nan")
     if step is None:
         return run["summary"]["eval_end"].get(metric, float("nan"))
     return next((row[f"eval/{metric}"] for row in run["rows"] if row.get("step") == step and f"eval/{metric}" in row),

@@ -250,6 +250,10 @@ def test_finals_table_puts_several_metrics_side_by_side(tmp_path):
     # m = 0.5: seed 0 peaks at step 30 (0.50 = its end), seeds 1-2 at the end with 6 - seed modes
     assert rows[2] == ["0.5", "3", by_hand([30, STEPS, STEPS], 1, 0), by_hand([5, 5, 4], 1, 3)]
     assert rows[3] == ["0.95", "3", f"{STEPS} ± 0", "6.000 ± 0.000"]
+    # a name with a slash: a logged scalar's mean over the run (train/reward_mean = m * step / STEPS + 0.01 seed)
+    p = tables(*dirs, "--finals", "train/reward_mean", "--no-plot", cwd=tmp_path)
+    mean_over_steps = [0.5 * (STEPS + 1) / (2 * STEPS) + 0.01 * seed for seed in range(3)]
+    assert table_rows(p.stdout)[2] == ["0.5", "3", by_hand(mean_over_steps, 1, 3)]
     p = tables(*dirs, "--finals", "modes_covered", "--no-plot", "--at", "last", cwd=tmp_path)
     assert p.returncode != 0 and "--at: 'last' is neither a step nor 'best'" in p.stderr
 
