@@ -209,6 +209,8 @@ def parse_args():
                    "group of the other keys that differ (e.g. weight_delay)")
     p.add_argument("--front", default="", help="an eval metric X: plot --metric against eval/X at every evaluation, a "
                    "line per group (mean over its seeds at each step), e.g. --metric win_rate --front kl")
+    p.add_argument("--band", default="", help="with --front X: LO,HI: a table of --metric averaged over each run's "
+                   "evaluations with eval/X in [LO, HI] (the groups compared on the front at equal X)")
     p.add_argument("--at", default=None, help="with --finals: the values at this step's evaluation instead of the "
                    "run's end, or 'best': at each run's evaluation where --metric is best (the peak of a front)")
     p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
@@ -350,6 +352,27 @@ def finals_table(groups, names, metrics, step=None, metric=None):
         print("| " + " | ".join(cells) + " |")
 
 
+def band_table(groups, names, metric, x, lo, hi):
+    """--band LO,HI with --front X: per group, eval/<metric> averaged over each run's evaluations whose eval/<x> lies
+    in [LO, HI], then mean ± s.e. over the runs that have one (the column `runs`: those of all); `evals` is the mean
+    number of such evaluations a run, `x` their mean eval/<x>."""
+    pct = 100.0 if metric in PERCENT else 1.0
+    print(f"evaluations with eval/{x} in [{lo:g}, {hi:g}]:")
+    print("| " + " | ".join((names or ["group"]) + ["runs", "evals", x, metric]) + " |")
+    print("|" + "---|" * (len(names or ["group"]) + 4))
+    for values, members in groups.items():
+        inside = [[(row[f"eval/{x}"], row[f"eval/{metric}"]) for row in r["rows"] if f"eval/{metric}" in row
+                   and lo <= row.get(f"eval/{x}", float("nan")) <= hi] for r in members]
+        inside = [pts for pts in inside if pts]
+        cells = ([str(v) for v in values] or ["all"]) + [f"{len(inside)}/{len(members)}"]
+        if inside:
+            cells += [f"{np.mean([len(p) for p in inside]):.1f}", f"{np.mean([q[0] for p in inside for q in p]):.3f}",
+                      fmt(*mean_se([np.mean([q[1] for q in p]) for p in inside], pct), 1 if pct > 1 else 3)]
+        else:
+            cells += ["0", "-", "-"]
+        print("| " + " | ".join(cells) + " |")
+
+
 def write_csv(records, path):
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(records[0]))
@@ -384,6 +407,15 @@ def main():
               for values, members in groups.items()}
     if args.front and not args.no_plot:
         plot_front(labels, args.plot, args.metric, args.front)
+    if args.band:
+        try:
+            lo, hi = (float(v) for v in args.band.split(","))
+        except ValueError:
+            fail(f"--band: '{args.band}' is not LO,HI")
+        if not args.front:
+            fail("--band needs --front X (the metric whose band it is)")
+        band_table(groups, names, args.metric, args.front, lo, hi)
+        return
     if args.finals:
         finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.at, args.metric)
         if not args.no_plot and not args.front:

@@ -268,3 +268,13 @@ def test_front_plots_one_metric_against_another(tmp_path):
     p = tables(*dirs, "--metric", "win_rate", "--front", "kl", "--plot", "front.png", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "plot: front.png" in p.stdout and os.path.getsize(tmp_path / "front.png") > 1000
+    # --band: the metric averaged over the evaluations inside a band of the front's x (kl 0 / 1 / 2 at start / 30 / end)
+    p = tables(*dirs, "--metric", "win_rate", "--front", "kl", "--band", "0.5,2", "--no-plot", cwd=tmp_path)
+    rows = table_rows(p.stdout)
+    assert rows[0] == ["m", "runs", "evals", "kl", "win_rate"]
+    assert rows[1] == ["0.5", "3/3", "2.0", "1.500", by_hand([(0.4 + f) / 2 for f in (0.50, 0.52, 0.54)])]
+    p = tables(*dirs, "--metric", "win_rate", "--front", "kl", "--band", "1.2,1.8", "--no-plot", cwd=tmp_path)
+    assert table_rows(p.stdout)[1] == ["0.5", "0/3", "0", "-", "-"]
+    for bad, why in ((["--band", "1"], "--band: '1' is not LO,HI"), (["--band", "0,1"], "--band needs --front X")):
+        p = tables(*dirs, "--metric", "win_rate", *bad, "--no-plot", cwd=tmp_path)
+        assert p.returncode != 0 and why in p.stderr
