@@ -11,9 +11,24 @@ import torch
 import lora
 import sync
 import trainer_group
-from losses import NEEDS_LOGP, beta_at, get_loss, lr_at, masked, whole_share
+from losses import NEEDS_LOGP, beta_at, get_loss, masked, whole_share
 from policy import ModelError, encode_prompt, load_model, token_batches, trim_at_eos
 from trainer_group import Command
+
+
+def lr_at(u, lr, schedule, warmup, stable, decay, total_steps):
+    """Learning rate at update u. wsd (paper, transformers' get_wsd_schedule): u/warmup during warmup, then constant
+    for `stable` steps, then cosine to 0 over `decay` steps. linear: lr * (1 - (u-1)/total_steps). constant: lr."""
+    if schedule == "constant":
+        return lr
+    if schedule == "linear":
+        return lr * max(0.0, 1.0 - (u - 1) / total_steps)
+    if u < warmup:
+        return lr * u / warmup
+    if u < warmup + stable or decay <= 0:
+        return lr
+    progress = min(1.0, (u - warmup - stable) / decay)
+    return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 class Update(NamedTuple):

@@ -1,5 +1,5 @@
-"""Objectives and their schedules. One function per loss; the config key `loss` picks one by its name in LOSSES, or
-names a file of your own (`loss=path/to/myloss.py`, a file that defines `loss(batch, cfg)`).
+"""Objectives and the KL coefficient's schedule. One function per loss; the config key `loss` picks one by its name in
+LOSSES, or names a file of your own (`loss=path/to/myloss.py`, a file that defines `loss(batch, cfg)`).
 
 Every loss has the same signature, `fn(batch, cfg) -> (loss, metrics)`, on one micro-batch of whole prompts:
     batch["logp"]          (N, L) per-token log pi_theta(y_t | x, y_<t) of the policy being trained (with grad)
@@ -36,7 +36,6 @@ Each docstring cites the equation or the file and line it follows. Sources, by t
             equations) and the authors' code, Infini-AI-Lab/M2PO @af54a3e, verl/trainer/ppo/core_algos.py
 """
 import importlib.util
-import math
 import os
 
 import torch
@@ -412,7 +411,7 @@ def get_loss(name):
     return module.loss
 
 
-# ---------------------------------------------------------------- schedules: pure functions of the 1-based step u
+# ------------------------------------------------------- the beta schedule: a pure function of the 1-based step u
 
 
 def beta_at(u, beta_start, beta_end, decay_steps, cut_step=0):
@@ -426,18 +425,3 @@ def beta_at(u, beta_start, beta_end, decay_steps, cut_step=0):
         return beta_end
     frac = (u - 1) / decay_steps
     return beta_start * (1 - frac) + beta_end * frac
-
-
-def lr_at(u, lr, schedule, warmup, stable, decay, total_steps):
-    """Learning rate at update u. wsd (paper, transformers' get_wsd_schedule): u/warmup during warmup, then constant
-    for `stable` steps, then cosine to 0 over `decay` steps. linear: lr * (1 - (u-1)/total_steps). constant: lr."""
-    if schedule == "constant":
-        return lr
-    if schedule == "linear":
-        return lr * max(0.0, 1.0 - (u - 1) / total_steps)
-    if u < warmup:
-        return lr * u / warmup
-    if u < warmup + stable or decay <= 0:
-        return lr
-    progress = min(1.0, (u - warmup - stable) / decay)
-    return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
