@@ -302,7 +302,11 @@ def train_proxy_rm(sft, tok, seed, steps, log, batch_size=64, lr=1e-3):
     from transformers import LlamaForTokenClassification
     from rewards import tldr_mini as tm
     torch.manual_seed(seed)
+    from transformers.utils import logging as hf_logging
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the new head's "missing / unexpected keys" report is expected: not printed
     model = LlamaForTokenClassification.from_pretrained(sft, num_labels=1)
+    hf_logging.set_verbosity(verbosity)
     model.config.pad_token_id = tok.pad_token_id
     rng = random.Random(seed + 500)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
