@@ -49,6 +49,19 @@ def test_the_adapted_policy_starts_as_the_base_and_only_adapters_train(tiny_mode
     assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in learner.model.named_parameters() if "lora_B" in n)
 
 
+def test_activation_checkpointing_trains_the_adapters_as_without(tiny_model):
+    """grad_checkpointing with frozen base weights: the recompute gives the adapters the gradients they get without
+    it, so the two learners end the same."""
+    _, plain = trained(tiny_model)
+    _, ckpt = trained(tiny_model, grad_checkpointing=True)
+    assert ckpt.model.is_gradient_checkpointing
+    adapters = {n: p for n, p in plain.model.named_parameters() if lora.is_adapter(n)}
+    for n, p in ckpt.model.named_parameters():
+        if lora.is_adapter(n):
+            torch.testing.assert_close(p, adapters[n], rtol=1e-5, atol=1e-6)
+    assert any(not torch.equal(p, torch.zeros_like(p)) for n, p in ckpt.model.named_parameters() if "lora_B" in n)
+
+
 def test_the_merged_weights_are_the_adapted_policy(tiny_model):
     """A plain model loaded with merged_weights gives the adapted model's log-probs; the push's names are the base
     model's, without the adapters."""
