@@ -4,8 +4,10 @@
 # evaluated every 20 steps, seeds 0-2, one seed at a time over every arm so a partial grid is balanced; rerunning
 # skips finished runs (summary.json) and resumes unfinished ones.
 #   bash scripts/tldr_grid.sh                   # every arm;  ARMS="tb rloo_d0" SEEDS="0" for a part
-#   python tables.py out/tldr_mini/*/seed* --finals win_rate,tie_rate,gold,proxy,kl,perplexity,pads
-#   python tables.py out/tldr_mini/*/seed* --metric win_rate --front kl --plot docs/tldr_front.png
+#   G="--group-by loss,weight_delay,m --metric win_rate --no-plot"   # each arm's peak, its end, the front at equal KL
+#   python tables.py out/tldr_mini/*/seed* $G --finals win_rate,kl,perplexity,pads,staleness/mean --at best
+#   python tables.py out/tldr_mini/*/seed* $G --finals win_rate,tie_rate,gold,proxy,kl,perplexity,pads
+#   python tables.py out/tldr_mini/*/seed* $G --front kl --band 0.5,1.5
 # Held equal in every arm: the SFT and proxy RM, 300 steps x 64 summaries, 64 fresh summaries a step (every arm
 # generates what it trains on: the synchronous arms one batch a step, TB's searchers at replay ratio 1), lr 2e-5, the
 # evaluation (256 test posts at temperature 1).
