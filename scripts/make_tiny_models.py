@@ -348,13 +348,8 @@ def tldr_mini_info(policy, rm, tok, n=512, seed=0):
                  "no_want": lambda f, fr: tm.summary(f, want=False), "pad": lambda f, fr: tm.summary(f, pads=["is sad"])}
         edit = {k: tm.rm_scores(rm, tok, [t for t, _, _ in posts], [e(f, fr) for _, f, fr in posts]).mean().item()
                 for k, e in edits.items()}
-        torch.manual_seed(seed)
-        tok.padding_side = "left"
-        enc = tok([t for t, _, _ in posts], return_tensors="pt", padding=True)
-        tok.padding_side = "right"
-        out = policy.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=24,
-                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    texts = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    torch.manual_seed(seed)
+    texts = sample_summaries(policy, tok, [t for t, _, _ in posts])
 
     def agree(score):
         d = [(score(a, f) - score(b, f), x - y) for (_, f, a, b), x, y in zip(pairs, ra.tolist(), rb.tolist())]
@@ -381,13 +376,8 @@ def kl_optimum(policy, rm, tok, posts, refs, seed, samples=32, betas=(1.0, 0.5, 
     import torch
     from rewards import tldr_mini as tm
     torch.manual_seed(seed + 1)
-    texts = []
+    texts = [sample_summaries(policy, tok, [text] * samples) for text, _, _ in posts]
     with torch.no_grad():
-        for text, _, _ in posts:
-            enc = tok([text] * samples, return_tensors="pt")
-            out = policy.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=24,
-                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            texts.append(tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True))
         proxy = [tm.rm_scores(rm, tok, [t] * samples, ys).tolist() for (t, _, _), ys in zip(posts, texts)]
     labeller = [[tm.utility(y, f) for y in ys] for (_, f, _), ys in zip(posts, texts)]
     wins = torch.tensor([[float(tm.gold(y, f) > tm.gold(r, f)) for y in ys] for (_, f, _), r, ys
@@ -395,12 +385,33 @@ def kl_optimum(policy, rm, tok, posts, refs, seed, samples=32, betas=(1.0, 0.5, 
     result = {}
     for name, r in (("proxy", proxy), ("labeller", labeller)):
         for beta in betas:
-            w = torch.softmax(torch.tensor(r) / beta, dim=1)
-            kl = torch.xlogy(w, w * samples).sum(1).mean().item()
-            result.setdefault(f"{name}_optimum_win_rate", {})[str(beta)] = round((w * wins).sum(1).mean().item(), 4)
+            win, kl = tilted(torch.tensor(r), wins, beta)
+            result.setdefault(f"{name}_optimum_win_rate", {})[str(beta)] = round(win, 4)
             result.setdefault(f"{name}_optimum_kl", {})[str(beta)] = round(kl, 3)
     result["sft_win_rate_on_these_posts"] = round(wins.mean().item(), 4)
     return result
+
+
+def tilted(rewards, wins, beta):
+    """(win rate, KL to the sampler) of the sampler tilted by exp(r / beta), from n samples a post: rewards and wins
+    are [posts, n]; each post's samples weigh softmax(r / beta), so KL = sum w log(w n), averaged over posts."""
+    import torch
+    w = torch.softmax(rewards / beta, dim=1)
+    n = rewards.shape[1]
+    return (w * wins).sum(1).mean().item(), torch.xlogy(w, w * n).sum(1).mean().item()
+
+
+def sample_summaries(policy, tok, prompts, max_new_tokens=24):
+    """One summary a prompt from policy at temperature 1 (prompts left-padded into one batch), decoded."""
+    import torch
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    tok.padding_side = "right"
+    with torch.no_grad():
+        out = policy.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                              max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id,
+                              eos_token_id=tok.eos_token_id)
+    return tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
 def build(path, make, tok=None):

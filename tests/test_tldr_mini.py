@@ -138,6 +138,22 @@ def test_the_shipped_pair_behaves_as_recorded():
     assert scorer.score([posts[0][0]], [" anna lost job ."], [{}], [False]) == [tm.NON_EOS_PENALTY]
 
 
+def test_the_builders_optimum_estimate_on_a_hand_made_case():
+    """kl_optimum's tilt: two samples of rewards 0 and log 3 at beta 1 weigh 1/4 and 3/4, so the tilted policy wins
+    3/4 when only the second wins, at KL 1/4 log(1/2) + 3/4 log(3/2) to the sampler; beta -> 0 takes the argmax (KL
+    log 2), a huge beta the sampler (KL 0); posts average."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    import torch
+    from make_tiny_models import tilted
+    r, wins = torch.tensor([[0.0, math.log(3)]]), torch.tensor([[0.0, 1.0]])
+    win, kl = tilted(r, wins, 1.0)
+    assert win == pytest.approx(0.75) and kl == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5))
+    assert tilted(r, wins, 1e-3) == pytest.approx((1.0, math.log(2))) and tilted(r, wins, 1e6) == pytest.approx((0.5, 0), abs=1e-6)
+    two = tilted(torch.tensor([[0.0, math.log(3)], [0.0, 0.0]]), torch.tensor([[0.0, 1.0], [1.0, 1.0]]), 1.0)
+    assert two == pytest.approx(((0.75 + 1.0) / 2, kl / 2))
+
+
 def test_config_end_to_end(tiny_task_models, tmp_path):
     """configs/tldr_mini.yaml through torchrun (HF engine): every metric at the start and the end."""
     rows, summary = task_run("tldr_mini.yaml", tmp_path / "run", "engine=hf", "n_test=32", reward=(-20.0, 20.0))
