@@ -330,14 +330,16 @@ def best_step(run, metric):
 def finals_table(groups, names, metrics, step=None, metric=None):
     """--finals: a row per group, a column per eval metric: its value at the run's end (or at --at STEP, or at
     --at best: each run's evaluation where `metric` is best, with a column of those steps; mean ± s.e. over seeds;
-    rates in percent), and its start value in the first row's cells."""
+    rates in percent), and in the first row's cells its start value, the mean over every run given that logged one."""
     if step is not None:
         print(f"at each run's best eval/{metric}:" if step == "best" else f"at step {step}:")
     steps = ["step"] if step == "best" else []
     print("| " + " | ".join((names or ["group"]) + ["n"] + steps + list(metrics)) + " |")
     print("|" + "---|" * (len(names or ["group"]) + 1 + len(steps) + len(metrics)))
-    first = next(iter(groups.values()))[0]
-    start = [first["summary"]["eval_start"].get(m, float("nan")) * (100 if m in PERCENT else 1) for m in metrics]
+    runs = [run for members in groups.values() for run in members]
+    starts = {m: [run["summary"]["eval_start"].get(m, float("nan")) for run in runs] for m in metrics}
+    start = [np.mean([v for v in starts[m] if np.isfinite(v)] or [float("nan")]) * (100 if m in PERCENT else 1)
+             for m in metrics]
     print("| " + " | ".join(["start"] * len(names or ["group"]) + ["-"] + ["0"] * len(steps)
                             + [f"{v:.{1 if m in PERCENT else 3}f}" for v, m in zip(start, metrics)]) + " |")
     for values, members in groups.items():

@@ -223,14 +223,14 @@ def test_finals_table_puts_several_metrics_side_by_side(tmp_path):
     dirs = []
     for (m, seed), (final, mid, wall) in RUNS.items():
         dirs.append(str(tmp_path / f"m{m}_seed{seed}"))
-        extra = {"attack_success": (0.1, 0.5, final), "modes_covered": (6, 5, 6 - seed if m == 0.5 else 6)}
+        extra = {"attack_success": (0.1 + 0.01 * seed, 0.5, final), "modes_covered": (6, 5, 6 - seed if m == 0.5 else 6)}
         make_run(dirs[-1], m, seed, final, mid, wall, extra=extra)
     p = tables(*dirs, "--metric", "attack_success", "--finals", "attack_success,modes_covered", "--no-plot",
                cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     rows = table_rows(p.stdout)
     assert rows[0] == ["m", "n", "attack_success", "modes_covered"]
-    assert rows[1] == ["start", "-", "10.0", "6.000"]
+    assert rows[1] == ["start", "-", "11.0", "6.000"]  # the start: the mean over every run (10, 11, 12% by seed)
     assert rows[2] == ["0.5", "3", by_hand([0.50, 0.52, 0.54]), "5.000 ± 0.577"]
     assert rows[3] == ["0.95", "3", by_hand([0.60, 0.63, 0.69]), "6.000 ± 0.000"]
     # --at 30: the values of the step-30 evaluation instead of the end (a step without one: NaN)
