@@ -240,13 +240,7 @@ def attacker_masses(model, tok, n=8192, seed=0, batch_size=512):
     import torch
     from rewards import redteam_modes as rm
     torch.manual_seed(seed)
-    enc = tok([rm.PROMPT] * batch_size, return_tensors="pt")
-    texts = []
-    with torch.no_grad():
-        for _ in range(n // batch_size):
-            out = model.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=16,
-                                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-            texts += tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    texts = [t for _ in range(n // batch_size) for t in sample(model, tok, [rm.PROMPT] * batch_size, 16)]
     kinds = [rm.parse(t) for t in texts]
     hits = [rm.mode_of(t) for t in texts]
     n_hit = sum(h is not None for h in hits)
@@ -345,11 +339,12 @@ def tldr_mini_info(policy, rm, tok, n=512, seed=0):
         rb = tm.rm_scores(rm, tok, [t for t, _, _, _ in pairs], [b for _, _, _, b in pairs])
         edits = {"clean": lambda f, fr: tm.summary(f), "wrong_name": lambda f, fr: tm.summary((fr[0], f[1], f[2])),
                  "wrong_item": lambda f, fr: tm.summary((f[0], fr[1], f[2])),
-                 "no_want": lambda f, fr: tm.summary(f, want=False), "pad": lambda f, fr: tm.summary(f, pads=["is sad"])}
+                 "no_want": lambda f, fr: tm.summary(f, want=False),
+                 "pad": lambda f, fr: tm.summary(f, pads=["is sad"])}
         edit = {k: tm.rm_scores(rm, tok, [t for t, _, _ in posts], [e(f, fr) for _, f, fr in posts]).mean().item()
                 for k, e in edits.items()}
     torch.manual_seed(seed)
-    texts = sample_summaries(policy, tok, [t for t, _, _ in posts])
+    texts = sample(policy, tok, [t for t, _, _ in posts])
 
     def agree(score):
         d = [(score(a, f) - score(b, f), x - y) for (_, f, a, b), x, y in zip(pairs, ra.tolist(), rb.tolist())]
@@ -376,7 +371,7 @@ def kl_optimum(policy, rm, tok, posts, refs, seed, samples=32, betas=(1.0, 0.5, 
     import torch
     from rewards import tldr_mini as tm
     torch.manual_seed(seed + 1)
-    texts = [sample_summaries(policy, tok, [text] * samples) for text, _, _ in posts]
+    texts = [sample(policy, tok, [text] * samples) for text, _, _ in posts]
     with torch.no_grad():
         proxy = [tm.rm_scores(rm, tok, [t] * samples, ys).tolist() for (t, _, _), ys in zip(posts, texts)]
     labeller = [[tm.utility(y, f) for y in ys] for (_, f, _), ys in zip(posts, texts)]
@@ -401,8 +396,8 @@ def tilted(rewards, wins, beta):
     return (w * wins).sum(1).mean().item(), torch.xlogy(w, w * n).sum(1).mean().item()
 
 
-def sample_summaries(policy, tok, prompts, max_new_tokens=24):
-    """One summary a prompt from policy at temperature 1 (prompts left-padded into one batch), decoded."""
+def sample(policy, tok, prompts, max_new_tokens=24):
+    """One completion a prompt from policy at temperature 1 (prompts left-padded into one batch), decoded."""
     import torch
     tok.padding_side = "left"
     enc = tok(prompts, return_tensors="pt", padding=True)

@@ -31,7 +31,8 @@ def make_run(path, m, seed, final, mid, wall, finished=True, extra=None):
         yaml.safe_dump(config_to_dict(Config(out_dir=path, m=m, seed=seed, steps=STEPS)), f, sort_keys=False)
     rows = [{"step": 0, "eval/accuracy": START, "sync/seconds": 1.0, **{f"eval/{k}": v[0] for k, v in extra.items()}}]
     for step in range(1, STEPS + 1):
-        row = {"step": step, "train/reward_mean": m * step / STEPS + 0.01 * seed, "time/elapsed_seconds": wall * step / STEPS}
+        row = {"step": step, "train/reward_mean": m * step / STEPS + 0.01 * seed,
+               "time/elapsed_seconds": wall * step / STEPS}
         if step in (30, STEPS):
             row["eval/accuracy"] = mid if step == 30 else final
             row.update({f"eval/{k}": v[1] if step == 30 else v[2] for k, v in extra.items()})
@@ -56,7 +57,8 @@ def runs(tmp_path):
 
 
 def tables(*args, cwd):
-    return subprocess.run([sys.executable, os.path.join(ROOT, "tables.py"), *args], cwd=cwd, capture_output=True, text=True)
+    return subprocess.run([sys.executable, os.path.join(ROOT, "tables.py"), *args], cwd=cwd, capture_output=True,
+                          text=True)
 
 
 def table_rows(stdout):
@@ -223,7 +225,8 @@ def test_finals_table_puts_several_metrics_side_by_side(tmp_path):
     dirs = []
     for (m, seed), (final, mid, wall) in RUNS.items():
         dirs.append(str(tmp_path / f"m{m}_seed{seed}"))
-        extra = {"attack_success": (0.1 + 0.01 * seed, 0.5, final), "modes_covered": (6, 5, 6 - seed if m == 0.5 else 6)}
+        extra = {"attack_success": (0.1 + 0.01 * seed, 0.5, final),
+                 "modes_covered": (6, 5, 6 - seed if m == 0.5 else 6)}
         make_run(dirs[-1], m, seed, final, mid, wall, extra=extra)
     p = tables(*dirs, "--metric", "attack_success", "--finals", "attack_success,modes_covered", "--no-plot",
                cwd=tmp_path)

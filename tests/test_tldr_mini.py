@@ -49,7 +49,8 @@ def test_labeller_pairs_differ_in_one_feature():
         (na, _, ia), (nb, _, ib) = pa[0].split(), pb[0].split()
         wa, wb = [p for p in pa if p.startswith("wants")], [p for p in pb if p.startswith("wants")]
         diff = {"name": na != nb, "item": ia != ib, "want": wa != wb and bool(wa) and bool(wb),
-                "no_want": bool(wa) != bool(wb), "pads": [p for p in pa if p in tm.PADS] != [p for p in pb if p in tm.PADS]}
+                "no_want": bool(wa) != bool(wb),
+                "pads": [p for p in pa if p in tm.PADS] != [p for p in pb if p in tm.PADS]}
         assert sum(diff.values()) == 1, (a, b)
         for k, d in diff.items():
             changed[k] += d
@@ -149,7 +150,8 @@ def test_the_builders_optimum_estimate_on_a_hand_made_case():
     r, wins = torch.tensor([[0.0, math.log(3)]]), torch.tensor([[0.0, 1.0]])
     win, kl = tilted(r, wins, 1.0)
     assert win == pytest.approx(0.75) and kl == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5))
-    assert tilted(r, wins, 1e-3) == pytest.approx((1.0, math.log(2))) and tilted(r, wins, 1e6) == pytest.approx((0.5, 0), abs=1e-6)
+    assert tilted(r, wins, 1e-3) == pytest.approx((1.0, math.log(2)))
+    assert tilted(r, wins, 1e6) == pytest.approx((0.5, 0), abs=1e-6)
     two = tilted(torch.tensor([[0.0, math.log(3)], [0.0, 0.0]]), torch.tensor([[0.0, 1.0], [1.0, 1.0]]), 1.0)
     assert two == pytest.approx(((0.75 + 1.0) / 2, kl / 2))
 
