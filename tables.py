@@ -7,13 +7,16 @@
     python tables.py out/staleness/seed*/* --against weight_delay  # final / best against one key, a line per group
     python tables.py out/rt/* --metric attack_success --finals attack_success,modes_covered,mode_tv  # several finals
     python tables.py out/tldr_mini/* --metric win_rate --front kl  # win rate against KL through each run (a front)
+    python tables.py out/stale/* --paired weight_delay=0,64 --contrast loss=tb --last 3  # paired seeds, 95% intervals
 
 A run dir holds config.yaml, metrics.jsonl and summary.json (see README). Runs without summary.json (crashed or
 unfinished) are named in one warning and skipped. Rates (accuracy, win_rate, attack_success_rate) are in percent,
 other metrics as logged; "a ± b" is mean ± standard error over the seeds of a group (std / sqrt(n)); a group of one
 seed shows the bare value. gain = final - start; best = the best evaluation of the run (lowest for perplexity).
 With --against KEY: drop = final - final of the same group at KEY's smallest value; collapsed = runs that ended below
-their start.
+their start. With --paired KEY=A,B: per seed, the metric at KEY=A minus the metric at KEY=B within each group of the
+other keys, and (--contrast K=V) the group K=V's difference minus each other group's, per seed; mean and 95%
+t-interval over the seeds (t with n - 1 degrees of freedom), and the verdict the interval gives.
 """
 import argparse
 import csv
@@ -216,6 +219,12 @@ def parse_args():
     p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
                    "(mean ± s.e.), a column each, instead of the main table (e.g. attack_success,modes_covered); a "
                    "name with a slash is a logged scalar's mean over the run (e.g. staleness/mean)")
+    p.add_argument("--paired", default="", help="KEY=A,B: per seed, --metric at KEY=A minus at KEY=B within each "
+                   "group of the other keys (e.g. weight_delay=0,64: the drop staleness causes), mean and 95%% CI")
+    p.add_argument("--contrast", default="", help="with --paired: K=V: per seed, group K=V's difference minus each "
+                   "other group's (e.g. loss=tb), mean, 95%% CI and the verdict (below 0, above 0, not told apart)")
+    p.add_argument("--last", type=int, default=1, help="with --paired: each run's metric is the mean of its last N "
+                   "evaluations (default 1: the final one)")
     p.add_argument("--metric", default="accuracy", help="the eval metric to compare (accuracy, win_rate, perplexity, "
                    "attack_success_rate, diversity, log_p_toxic, or any eval/<name> the task logs)")
     args = p.parse_args()
@@ -375,6 +384,90 @@ def band_table(groups, names, metric, x, lo, hi):
         print("| " + " | ".join(cells) + " |")
 
 
+# t quantile 0.975 for 1..30 degrees of freedom; past 30, z + (z^3 + z) / (4 df) (within 0.003 of the exact value)
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+        2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_interval(xs):
+    """(mean, half-width of the 95% t-interval; None for fewer than two values)."""
+    xs = np.asarray(xs, dtype=float)
+    n = len(xs)
+    if n < 2:
+        return xs.mean(), None
+    t = T975[n - 2] if n - 1 <= len(T975) else 1.96 + (1.96 ** 3 + 1.96) / (4 * (n - 1))
+    return xs.mean(), t * xs.std(ddof=1) / math.sqrt(n)
+
+
+def last_mean(run, metric, last):
+    """The mean of the run's last `last` evaluations of eval/<metric> (fewer when it has fewer)."""
+    values = [row[f"eval/{metric}"] for row in sorted(run["rows"], key=lambda r: r["step"]) if f"eval/{metric}" in row]
+    return float(np.mean(values[-last:]))
+
+
+def parse_pair(text, flag, n_values):
+    """'KEY=A,B' (n_values 2) or 'KEY=V' (1) -> (key, [values as text])."""
+    key, _, values = text.partition("=")
+    values = [v.strip() for v in values.split(",") if v.strip()]
+    if not key.strip() or len(values) != n_values:
+        fail(f"{flag}: '{text}' is not KEY={','.join('AB'[:n_values])}")
+    return ALIASES.get(key.strip(), key.strip()), values
+
+
+def same(value, text):
+    """Whether a config value is the one written on the command line ('64' is 64, '1e-5' is 1e-05)."""
+    try:
+        return str(value) == text or float(value) == float(text)
+    except (TypeError, ValueError):
+        return False
+
+
+def paired_diffs(runs, keys, metric, pair, last, scale):
+    """{values of the other keys: {seed: metric at KEY=A - metric at KEY=B}} over the seeds that have both."""
+    key, (a, b) = pair
+    others = [k for k in keys if k != key]
+    cells = {}
+    for r in runs:
+        side = 0 if same(r["cfg"].get(key), a) else 1 if same(r["cfg"].get(key), b) else None
+        if side is not None:
+            cell = cells.setdefault(tuple(r["cfg"].get(k) for k in others), {}).setdefault(r["cfg"]["seed"], [None] * 2)
+            cell[side] = last_mean(r, metric, last) * scale
+    diffs = {values: {s: v[0] - v[1] for s, v in seeds.items() if None not in v} for values, seeds in cells.items()}
+    if not any(diffs.values()):
+        fail(f"--paired: no seed has runs at both {key}={a} and {key}={b}")
+    return others, {values: d for values, d in sorted(diffs.items(), key=lambda kv: sort_key(kv[0])) if d}
+
+
+def paired_table(runs, keys, metric, pair, contrast, last, scale):
+    """--paired KEY=A,B [--contrast K=V]: the paired differences of each group and, with a contrast, the differences
+    of differences against the group K=V, each as mean [95% CI] over the seeds, with the verdict its interval gives."""
+    others, diffs = paired_diffs(runs, keys, metric, pair, last, scale)
+    (key, (a, b)), names = pair, [{"asynchronous": "async"}.get(k, k) for k in others] or ["group"]
+    table = [(values, f"{key}={a} minus {key}={b}", d) for values, d in diffs.items()]
+    if contrast:
+        ck, (cv,) = contrast
+        if ck not in others:
+            fail(f"--contrast: '{ck}' is not a key that differs between the groups (they differ in: "
+                 f"{', '.join(names)})")
+        i = others.index(ck)
+        base = {v[:i] + v[i + 1:]: d for v, d in diffs.items() if same(v[i], cv)}
+        for values, d in diffs.items():
+            ref = base.get(values[:i] + values[i + 1:])
+            if ref is not None and not same(values[i], cv):
+                table.append((values, f"({ck}={cv}) minus this", {s: ref[s] - d[s] for s in d if s in ref}))
+    last_text = f", mean of the last {last} evaluations" if last > 1 else ""
+    print(f"per seed: eval/{metric}{last_text}; mean and 95% t-interval over the paired seeds")
+    print("| " + " | ".join(names + ["difference", "n", "mean", "95% CI", "verdict"]) + " |")
+    print("|" + "---|" * (len(names) + 5))
+    for values, label, d in table:
+        mean, half = t_interval(list(d.values()))
+        ci = "-" if half is None else f"[{mean - half:+.1f}, {mean + half:+.1f}]"
+        verdict = ("-" if half is None else "below 0" if mean + half < 0 else "above 0" if mean - half > 0
+                   else f"not told apart at ±{half:.1f}")
+        print("| " + " | ".join([str(v) for v in values] or ["all"]) + f" | {label} | {len(d)} | {mean:+.1f} | {ci} | "
+              f"{verdict} |")
+
+
 def write_csv(records, path):
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(records[0]))
@@ -396,6 +489,13 @@ def main():
     pct = args.metric in PERCENT
     scale, digits = (100.0, 1) if pct else (1.0, 3)
     what = ("acc" if args.metric == "accuracy" else args.metric) + (" %" if pct else "")
+    if args.paired:
+        pair = parse_pair(args.paired, "--paired", 2)
+        if pair[0] not in keys:
+            fail(f"--paired: '{pair[0]}' does not differ between these runs (they differ in: "
+                 f"{', '.join(names) or 'nothing'})")
+        contrast = parse_pair(args.contrast, "--contrast", 1) if args.contrast else None
+        return paired_table(runs, keys, args.metric, pair, contrast, max(1, args.last), scale)
     if args.against:
         against = ALIASES.get(args.against, args.against)
         if against not in keys:

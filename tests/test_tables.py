@@ -281,3 +281,59 @@ def test_front_plots_one_metric_against_another(tmp_path):
     for bad, why in ((["--band", "1"], "--band: '1' is not LO,HI"), (["--band", "0,1"], "--band needs --front X")):
         p = tables(*dirs, "--metric", "win_rate", *bad, "--no-plot", cwd=tmp_path)
         assert p.returncode != 0 and why in p.stderr
+
+
+# (loss, seed) -> per-seed drop in points, accuracy(weight_delay=0) - accuracy(weight_delay=64), each run's accuracy
+# the mean of its last two evaluations; the drops' 95% t-intervals (t = 3.182 at 3 degrees of freedom) are worked below
+DROPS = {"tb": (2, 3, 1, 2), "grpo": (8, 7, 10, 6), "rloo": (1, 4, 2, 1)}
+
+
+def make_stale_run(path, loss, delay, seed, last_two):
+    """A finished run of `loss` at weight_delay `delay` whose last two evaluations are `last_two` (an earlier one,
+    0.9, must not count with --last 2)."""
+    os.makedirs(path)
+    with open(os.path.join(path, "config.yaml"), "w") as f:
+        cfg = Config(out_dir=path, loss=loss, weight_delay=delay, seed=seed, steps=STEPS)
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+    evals = {0: START, 20: 0.9, 40: last_two[0], STEPS: last_two[1]}
+    rows = [{"step": s, **({"eval/accuracy": evals[s]} if s in evals else {})} for s in range(STEPS + 1)]
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump({"steps": STEPS, "wall_seconds": 60.0, "eval_start": {"accuracy": START},
+                   "eval_end": {"accuracy": last_two[1]}}, f)
+
+
+def test_paired_differences_and_contrast(tmp_path):
+    dirs = []
+    for loss, drops in DROPS.items():
+        for seed, drop in enumerate(drops):
+            for delay, mean in ((0, 0.50), (64, 0.50 - drop / 100)):
+                dirs.append(str(tmp_path / f"{loss}_d{delay}_s{seed}"))
+                make_stale_run(dirs[-1], loss, delay, seed, (mean - 0.01, mean + 0.01))
+    dirs.append(str(tmp_path / "grpo_d0_s4"))  # a seed without its D = 64 run: not paired, not counted
+    make_stale_run(dirs[-1], "grpo", 0, 4, (0.1, 0.1))
+    r = tables(*dirs, "--paired", "weight_delay=0,64", "--contrast", "loss=tb", "--last", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    rows = {(row[0], row[1]): row[2:] for row in table_rows(r.stdout)[1:]}
+
+    def by_hand(xs):
+        half = 3.182 * statistics.stdev(xs) / math.sqrt(len(xs))
+        return f"{statistics.mean(xs):+.1f}", f"[{statistics.mean(xs) - half:+.1f}, {statistics.mean(xs) + half:+.1f}]"
+    for loss, drops in DROPS.items():
+        assert rows[(loss, "weight_delay=0 minus weight_delay=64")][:3] == ["4", *by_hand(drops)]
+    grpo = [t - g for t, g in zip(DROPS["tb"], DROPS["grpo"])]  # -6 -4 -9 -4: TB loses less
+    rloo = [t - g for t, g in zip(DROPS["tb"], DROPS["rloo"])]  # 1 -1 -1 1: level
+    assert rows[("grpo", "(loss=tb) minus this")] == ["4", *by_hand(grpo), "below 0"]
+    half = 3.182 * statistics.stdev(rloo) / 2
+    assert rows[("rloo", "(loss=tb) minus this")] == ["4", *by_hand(rloo), f"not told apart at ±{half:.1f}"]
+    assert rows[("tb", "weight_delay=0 minus weight_delay=64")][3] == "above 0"
+    assert ("tb", "(loss=tb) minus this") not in rows
+
+
+def test_paired_refuses_a_key_that_does_not_differ(runs, tmp_path):
+    r = tables(*runs, "--paired", "weight_delay=0,64", cwd=tmp_path)
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: --paired: 'weight_delay' does not differ between these runs (they differ in: m)")
+    r = tables(*runs, "--paired", "m=0.5", cwd=tmp_path)
+    assert r.returncode == 2 and "is not KEY=A,B" in r.stderr
