@@ -397,7 +397,7 @@ def test_a_killed_saver_never_leaves_a_half_checkpoint(tiny_model, tmp_path):
               f"load_tokenizer; m = load_model({tiny_model!r}, 'float32', 'cpu'); t = load_tokenizer({tiny_model!r})\n"
               f"for i in range(1, 10**6): checkpoint.save({str(tmp_path)!r} + f'/step_{{i}}', m, t, "
               f"dict(step=i, places={{}}, ref_weights=None)); "
-              f"checkpoint.prune({str(tmp_path)!r}, 2); print(i, flush=True)")
+              f"checkpoint.prune({str(tmp_path)!r}, 2, i); print(i, flush=True)")
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "1"
     time.sleep(1.3)
@@ -414,9 +414,30 @@ def test_prune_keeps_the_newest_and_final(tmp_path):
         os.makedirs(tmp_path / name)
         if not name.endswith(".tmp"):
             (tmp_path / name / "meta.json").write_text(json.dumps({"step": 12 if name == "final" else int(name[5:])}))
-    checkpoint.prune(str(tmp_path), 2)
+    checkpoint.prune(str(tmp_path), 2, 12)
     assert sorted(os.listdir(tmp_path)) == ["final", "step_10", "step_4"]  # a save that never finished goes too
     assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "final")
+
+
+def fake_checkpoint(path, step, size=8, written=8):
+    """A checkpoint folder as torn() reads it: meta.json lists a weights file of `size` bytes; `written` were."""
+    os.makedirs(path)
+    (path / "model.safetensors").write_bytes(b"w" * written)
+    (path / "meta.json").write_text(json.dumps({"step": step, "files": {"model.safetensors": size}}))
+
+
+@pytest.mark.parametrize("keep, kept", [(1, ["step_110"]), (0, ["step_100", "step_110", "step_90"])])
+def test_prune_deletes_torn_checkpoints_and_those_past_the_step_and_never_counts_them(tmp_path, keep, kept):
+    """Resumed from step_100 past a torn step_130 (and a complete step_140 of a run resumed from an earlier
+    checkpoint by hand): the save of step 110 deletes both, whatever `keep` says, and keeps the newest `keep` of the
+    others (keep 1: the one just saved)."""
+    for step in (90, 100, 110, 140):
+        fake_checkpoint(tmp_path / f"step_{step}", step)
+    fake_checkpoint(tmp_path / "step_130", 130, written=3)
+    fake_checkpoint(tmp_path / "final", 80)
+    checkpoint.prune(str(tmp_path), keep, 110)
+    assert sorted(os.listdir(tmp_path)) == ["final"] + kept
+    assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "step_110")
 
 
 def test_a_torn_checkpoint_is_skipped_for_the_previous_complete_one(tiny_model, tmp_path, capsys):
