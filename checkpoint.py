@@ -220,14 +220,17 @@ def run_in(out_dir):
     return "; ".join(found)
 
 
-def clear_run(out_dir):
-    """Delete what a run writes into out_dir (and nothing else there)."""
+def clear_run(out_dir, restart=False):
+    """Delete what a run writes into out_dir (and nothing else there). `restart`: this job's restart with no complete
+    checkpoint to resume from clears what its failed attempt wrote but the logs (runlog.Logger keeps metrics.jsonl as
+    metrics.lost.K.jsonl) and checkpoints/ (torn or unfinished saves at most: prune deletes them)."""
     for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
         path = os.path.join(out_dir, name)
-        if name in ("tb", "checkpoints") and os.path.isdir(path):
+        log = name == "metrics.jsonl" or re.fullmatch(r"metrics\.lost\.\d+\.jsonl", name)
+        if os.path.isdir(path) and (name == "tb" or name == "checkpoints" and not restart):
             shutil.rmtree(path)
-        elif name in ("config.yaml", "metrics.jsonl", "summary.json", "sync_probe.jsonl") or re.fullmatch(
-                r"eval_step\d+\.jsonl|metrics\.lost\.\d+\.jsonl", name):
+        elif name in ("config.yaml", "summary.json", "sync_probe.jsonl") or re.fullmatch(r"eval_step\d+\.jsonl", name) \
+                or log and not restart:
             os.remove(path)
 
 
