@@ -17,7 +17,8 @@
 A checkpoint is written into NAME.tmp/, every file flushed to disk (fsync), and renamed to NAME when complete, so a
 crash in the middle of a save leaves every earlier checkpoint intact. `latest` takes the newest checkpoint whose files
 all have the sizes meta.json lists (a node crash can leave a renamed folder with a torn file) and says which it
-skipped; `prune` also removes the *.tmp folders of saves that never finished.
+skipped; `prune` also removes the *.tmp folders of saves that never finished, torn checkpoints and those past the
+step just saved.
 """
 import collections
 import json
@@ -185,17 +186,20 @@ def latest(ckpt_dir, warn=False):
     return None
 
 
-def prune(ckpt_dir, keep):
-    """Delete the *.tmp folders of saves that never finished, and all but the newest `keep` step_N checkpoints
-    (final/ is never deleted; keep 0 = keep all). Called by the one job that writes into ckpt_dir, after its save."""
+def prune(ckpt_dir, keep, step):
+    """After the save of `step`: delete the *.tmp folders of saves that never finished, the step_N checkpoints that
+    are torn or past `step` (a resume from an earlier one redoes those steps: resume=auto must never take them), and
+    all but the newest `keep` of the others (final/ is never deleted; keep 0 = keep all). Called by the one job that
+    writes into ckpt_dir."""
+    good = []
     for name in os.listdir(ckpt_dir):
-        if name.endswith(".tmp"):
-            shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
-    if keep <= 0:
-        return
-    steps = sorted((int(m.group(1)), name) for name in os.listdir(ckpt_dir) for m in [STEP_DIR.match(name)] if m)
-    for _, name in steps[:-keep]:
-        shutil.rmtree(os.path.join(ckpt_dir, name), ignore_errors=True)
+        path, m = os.path.join(ckpt_dir, name), STEP_DIR.match(name)
+        if name.endswith(".tmp") or m and (int(m.group(1)) > step or torn(path)):
+            shutil.rmtree(path, ignore_errors=True)
+        elif m:
+            good.append((int(m.group(1)), path))
+    for _, path in sorted(good)[:-keep] if keep > 0 else []:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def run_in(out_dir):
@@ -216,14 +220,17 @@ def run_in(out_dir):
     return "; ".join(found)
 
 
-def clear_run(out_dir):
-    """Delete what a run writes into out_dir (and nothing else there)."""
+def clear_run(out_dir, restart=False):
+    """Delete what a run writes into out_dir (and nothing else there). `restart`: this job's restart with no complete
+    checkpoint to resume from clears what its failed attempt wrote but the logs (runlog.Logger keeps metrics.jsonl as
+    metrics.lost.K.jsonl) and checkpoints/ (torn or unfinished saves at most: prune deletes them)."""
     for name in os.listdir(out_dir) if os.path.isdir(out_dir) else []:
         path = os.path.join(out_dir, name)
-        if name in ("tb", "checkpoints") and os.path.isdir(path):
+        log = name == "metrics.jsonl" or re.fullmatch(r"metrics\.lost\.\d+\.jsonl", name)
+        if os.path.isdir(path) and (name == "tb" or name == "checkpoints" and not restart):
             shutil.rmtree(path)
-        elif name in ("config.yaml", "metrics.jsonl", "summary.json", "sync_probe.jsonl") or re.fullmatch(
-                r"eval_step\d+\.jsonl|metrics\.lost\.\d+\.jsonl", name):
+        elif name in ("config.yaml", "summary.json", "sync_probe.jsonl") or re.fullmatch(r"eval_step\d+\.jsonl", name) \
+                or log and not restart:
             os.remove(path)
 
 

@@ -65,15 +65,21 @@ def final(out_dir, line, code):
 def first_attempt(out_dir):
     """Rank 0 of a job's first attempt, holding out_dir's lock: a final mark an earlier job left is not this job's."""
     path = os.path.join(out_dir, FINAL)
-    if not int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)) and os.path.exists(path):
+    if not restart_count() and os.path.exists(path):
         os.remove(path)
 
 
+def restart_count():
+    """0 in a job's first attempt, N in its Nth restart (torchrun --max-restarts)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
 def attempt(cfg, rank):
-    """The config of this attempt of the job. The first runs as configured. A restart (torchrun --max-restarts,
-    TORCHELASTIC_RESTART_COUNT > 0) resumes from the newest complete checkpoint in out_dir, or exits at once with the
-    code of a stop marked final."""
-    n, path = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)), os.path.join(cfg.out_dir, FINAL)
+    """The config of this attempt of the job. The first runs as configured. A restart resumes from the newest
+    complete checkpoint in out_dir, or exits at once with the code of a stop marked final. With no checkpoint yet it
+    starts over as the first attempt did, but never with overwrite, which would delete the failed attempt's log
+    (train.claim_out_dir clears that attempt's other files)."""
+    n, path = restart_count(), os.path.join(cfg.out_dir, FINAL)
     if not n:
         return cfg
     if os.path.exists(path):
@@ -81,9 +87,11 @@ def attempt(cfg, rank):
         if rank == 0:
             say(f"{line.strip()} (restart {n}: not retried)")
         sys.exit(int(code))
-    if rank == 0:
-        say(f"restart {n} of {cfg.max_restarts}: resuming from the newest complete checkpoint")
     found = checkpoint.latest(os.path.join(cfg.out_dir, "checkpoints"))
+    if rank == 0:
+        say(f"restart {n} of {cfg.max_restarts}: " + ("resuming from the newest complete checkpoint" if found else
+                                                      "no complete checkpoint yet: starting over as the first "
+                                                      "attempt did"))
     return dataclasses.replace(cfg, resume="auto" if found else cfg.resume, overwrite=False)
 
 

@@ -216,7 +216,11 @@ def lock_out_dir(cfg, hold):
 
 def claim_out_dir(cfg, clear):
     """A run never writes over another run's results: an out_dir with its metrics, summary or checkpoints is refused
-    in one line, unless resume= continues that run, or overwrite=true (then `clear` deletes them first: rank 0)."""
+    in one line, unless resume= continues that run, or overwrite=true (then `clear` deletes them first: rank 0).
+    A restart with no checkpoint to resume from (failures.attempt) is in the out_dir its first attempt claimed: what
+    the failed attempt wrote goes, but its log, which runlog.Logger keeps as metrics.lost.K.jsonl."""
+    if failures.restart_count() and not cfg.resume:
+        return checkpoint.clear_run(cfg.out_dir, restart=True) if clear else None
     found = "" if cfg.resume else checkpoint.run_in(cfg.out_dir)
     if found and not cfg.overwrite:
         raise ConfigError(f"out_dir {cfg.out_dir} holds a run ({found}): continue it with resume=auto, choose another "

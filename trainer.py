@@ -168,7 +168,7 @@ def save(cfg, state, tok, name=None):
     shards = None if state.group.size == 1 else lambda tmp: state.group.save_shards(state.opt, tmp)
     with state.group.collectives():
         checkpoint.save(path, state.model, tok, state.state_dict(), shards)
-    checkpoint.prune(os.path.join(cfg.out_dir, "checkpoints"), cfg.keep_checkpoints)
+    checkpoint.prune(os.path.join(cfg.out_dir, "checkpoints"), cfg.keep_checkpoints, state.step)
     return path
 
 

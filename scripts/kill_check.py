@@ -5,7 +5,8 @@ check that a rank blocked in a CUDA collective still gets out).
     python scripts/kill_check.py --out DIR --rank R --at-step N --expect heal|stop [--json F] [-- key=value ...]
 
 --expect heal: launched with max_restarts=1, the job must restart once, resume from the checkpoint saved at the
-               failure and finish: exit 0, summary.json, every step logged exactly once.
+               failure (or start over when there is none: the trainer killed before its first save) and finish:
+               exit 0, summary.json, every step logged exactly once.
 --expect stop: launched without restarts, the job must end within --deadline seconds of the kill with a non-zero
                exit and a line that names the killed rank.
 Either way no process of the job may be left. Writes a JSON result (pass, note, rc, seconds from the kill to the
@@ -14,6 +15,7 @@ job's exit, and for heal the restarts and the steps redone) and exits 0 on a pas
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,7 +108,7 @@ def main():
     if "passed" not in res:
         steps = logged_steps(out)
         if a.expect == "heal":
-            restarts = output.count("resuming from the newest complete checkpoint")
+            restarts = len(re.findall(r"^restart \d+ of \d+:", output, re.MULTILINE))
             resumed = [int(x.split("(step ")[1].split(",")[0]) for x in output.splitlines()
                        if x.startswith("resumed from ")]
             stopped = [int(x.split("at step ")[1].split(":")[0]) for x in output.splitlines()

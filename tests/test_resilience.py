@@ -206,6 +206,26 @@ def test_max_restarts_heals_a_killed_searcher_and_the_log_stays_contiguous(tiny_
     assert [r["step"] for r in rows] == list(range(41)) and summary["steps"] == 40 and summary["resumed_from"]
 
 
+def test_max_restarts_heals_a_trainer_killed_before_its_first_checkpoint(tiny_model, tmp_path):
+    """Rank 0 SIGKILLed at step 1, before any checkpoint (the OOM killer, a CUDA fault early in a long run; this run
+    saves none but the final one), with max_restarts=1: the restart starts over in the same out_dir and the run ends
+    normally, the failed attempt's log kept as metrics.lost.1.jsonl and its tensorboard events cleared."""
+    out, result = tmp_path / "run", tmp_path / "kill.json"
+    p = subprocess.run([sys.executable, "scripts/kill_check.py", "--out", str(out), "--rank", "0", "--at-step", "1",
+                        "--expect", "heal", "--json", str(result), "--", "engine=hf", "steps=6", "n_test=8",
+                        "time_budget_min=0", "save_every=0", "save_minutes=0"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=900)
+    res = json.loads(result.read_text())
+    log = open(res["log"]).read()
+    assert p.returncode == 0 and res["passed"], p.stdout + log[-3000:]
+    assert "restart 1 of 1: no complete checkpoint yet: starting over" in log
+    lost = [row["step"] for line in open(out / "metrics.lost.1.jsonl") if (row := runlog.parse(line))]
+    assert lost == list(range(len(lost))) and len(lost) >= 2  # the failed attempt's rows, steps 0..1 at least
+    rows, summary = read_run(out)
+    assert [r["step"] for r in rows] == list(range(7)) and summary["steps"] == 6 and not summary["resumed_from"]
+    assert len(os.listdir(out / "tb")) == 1  # the failed attempt's events went with it
+
+
 def test_the_grace_after_sigterm_fits_a_step_longer_than_torchruns_default(tiny_model, tmp_path):
     """launch.sh gives the ranks TORCH_ELASTIC_SHUTDOWN_TIMEOUT = 300 s from SIGTERM to SIGKILL: a job signalled while
     a step takes 40 s (torchrun's own default grace: 30 s) still finishes that step and saves it."""
@@ -251,6 +271,28 @@ def test_a_stop_marked_final_is_not_retried(tmp_path, monkeypatch, capsys):
     (tmp_path / "checkpoints" / "step_5").mkdir(parents=True)
     (tmp_path / "checkpoints" / "step_5" / "meta.json").write_text('{"step": 5}')
     assert failures.attempt(dataclasses.replace(cfg, overwrite=True), 0).resume == "auto"
+
+
+def test_a_restart_with_no_checkpoint_clears_its_failed_attempt_and_keeps_its_log(tmp_path, monkeypatch):
+    """A restart that finds no checkpoint (rank 0 killed before its first save) takes the out_dir its first attempt
+    claimed: the failed attempt's tb events, evaluations and config go, its log stays for runlog.Logger to keep as
+    metrics.lost.K.jsonl, and so do earlier kept logs, checkpoints/ and the user's own files. A first attempt is
+    still refused there."""
+    out = tmp_path / "run"
+    (out / "tb").mkdir(parents=True)
+    (out / "tb" / "events.out.tfevents.1").write_text("x")
+    (out / "checkpoints" / "step_3.tmp").mkdir(parents=True)
+    for name in ("metrics.jsonl", "metrics.lost.1.jsonl", "eval_step0.jsonl", "config.yaml", "notes.txt"):
+        (out / name).write_text('{"step": 0}\n')
+    cfg = Config(out_dir=str(out), max_restarts=1)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    with pytest.raises(ConfigError, match="holds a run"):
+        train.claim_out_dir(failures.attempt(cfg, 0), clear=True)
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    cfg = failures.attempt(dataclasses.replace(cfg, overwrite=True), 0)
+    assert not cfg.resume and not cfg.overwrite  # overwrite=true would delete the failed attempt's log
+    train.claim_out_dir(cfg, clear=True)
+    assert sorted(os.listdir(out)) == ["checkpoints", "metrics.jsonl", "metrics.lost.1.jsonl", "notes.txt"]
 
 
 def test_a_searcher_that_raises_is_named_with_its_error(tiny_model, tmp_path):
@@ -397,7 +439,7 @@ def test_a_killed_saver_never_leaves_a_half_checkpoint(tiny_model, tmp_path):
               f"load_tokenizer; m = load_model({tiny_model!r}, 'float32', 'cpu'); t = load_tokenizer({tiny_model!r})\n"
               f"for i in range(1, 10**6): checkpoint.save({str(tmp_path)!r} + f'/step_{{i}}', m, t, "
               f"dict(step=i, places={{}}, ref_weights=None)); "
-              f"checkpoint.prune({str(tmp_path)!r}, 2); print(i, flush=True)")
+              f"checkpoint.prune({str(tmp_path)!r}, 2, i); print(i, flush=True)")
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert p.stdout.readline().strip() == "1"
     time.sleep(1.3)
@@ -414,9 +456,30 @@ def test_prune_keeps_the_newest_and_final(tmp_path):
         os.makedirs(tmp_path / name)
         if not name.endswith(".tmp"):
             (tmp_path / name / "meta.json").write_text(json.dumps({"step": 12 if name == "final" else int(name[5:])}))
-    checkpoint.prune(str(tmp_path), 2)
+    checkpoint.prune(str(tmp_path), 2, 12)
     assert sorted(os.listdir(tmp_path)) == ["final", "step_10", "step_4"]  # a save that never finished goes too
     assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "final")
+
+
+def fake_checkpoint(path, step, size=8, written=8):
+    """A checkpoint folder as torn() reads it: meta.json lists a weights file of `size` bytes; `written` were."""
+    os.makedirs(path)
+    (path / "model.safetensors").write_bytes(b"w" * written)
+    (path / "meta.json").write_text(json.dumps({"step": step, "files": {"model.safetensors": size}}))
+
+
+@pytest.mark.parametrize("keep, kept", [(1, ["step_110"]), (0, ["step_100", "step_110", "step_90"])])
+def test_prune_deletes_torn_checkpoints_and_those_past_the_step_and_never_counts_them(tmp_path, keep, kept):
+    """Resumed from step_100 past a torn step_130 (and a complete step_140 of a run resumed from an earlier
+    checkpoint by hand): the save of step 110 deletes both, whatever `keep` says, and keeps the newest `keep` of the
+    others (keep 1: the one just saved)."""
+    for step in (90, 100, 110, 140):
+        fake_checkpoint(tmp_path / f"step_{step}", step)
+    fake_checkpoint(tmp_path / "step_130", 130, written=3)
+    fake_checkpoint(tmp_path / "final", 80)
+    checkpoint.prune(str(tmp_path), keep, 110)
+    assert sorted(os.listdir(tmp_path)) == ["final"] + kept
+    assert checkpoint.latest(str(tmp_path)) == str(tmp_path / "step_110")
 
 
 def test_a_torn_checkpoint_is_skipped_for_the_previous_complete_one(tiny_model, tmp_path, capsys):
