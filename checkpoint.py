@@ -5,8 +5,11 @@
         trainer_state.pth   the trainer's TrainerState.state_dict(): step, optimizer, replay buffer, RNG, counters
         searchers.pth       {rank: sync.ShardPlace}: each searcher's place in its prompt shard and its RNG states,
                             as of the last sync round (each searcher reads its own)
-        adapters.pth        lora_rank > 0: the LoRA adapters (the HF files hold the merged weights); resume loads
-                            them on top of the base model
+        adapter/            lora_rank > 0: peft's LoRA adapters, float32 (adapter_config.json,
+                            adapter_model.safetensors; the HF files hold the merged weights):
+                            PeftModel.from_pretrained(base, "step_N/adapter") and vLLM's LoRA support load them, and so
+                            does resume, on top of the base model. In a folder of their own: transformers'
+                            from_pretrained of a folder with adapter_config.json would add them to the merged weights
         ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0; searchers read it)
         optimizer_rank{r}.pt  n_trainers > 1: each trainer rank's own optimizer state (fsdp: its shard), in place of
                             trainer_state.pth's; a resume needs the same n_trainers and trainer_parallel (meta.json)
@@ -29,11 +32,12 @@ import sys
 
 import torch
 
-import lora
 import runlog
 from buffer import ReplayBuffer
+from policy import is_lora, merged_weights
 
 STEP_DIR = re.compile(r"step_(\d+)$")
+ADAPTERS = "adapter"  # the folder of peft's adapter files in a checkpoint (lora_rank > 0)
 
 
 BUFFER_KEYS = ("task", "train_data", "n_train", "model", "K", "S")  # what the buffered samples were made with
@@ -108,9 +112,10 @@ def save(path, model, tok, state, shards=None):
     os.makedirs(tmp)
     if shards is not None:
         weights = shards(tmp)
-    if lora.enabled(model):  # the HF files hold the merged policy (eval.py, vLLM); adapters.pth what resume loads
-        torch.save(lora.adapters(model), os.path.join(tmp, lora.ADAPTERS))
-        weights = {n: t.detach().to("cpu", copy=True) for n, t in lora.merged_weights(model, buffers=True).items()}
+    if is_lora(model):  # peft's adapter files (resume loads them); the HF files hold the merged policy (eval.py, vLLM)
+        model.save_pretrained(os.path.join(tmp, ADAPTERS))
+        weights = {n: t.detach().to("cpu", copy=True) for n, t in merged_weights(model, buffers=True).items()}
+        model = model.get_base_model()
     model.save_pretrained(tmp, state_dict=weights)
     tok.save_pretrained(tmp)
     state = dict(state)
@@ -119,12 +124,14 @@ def save(path, model, tok, state, shards=None):
     torch.save(places, os.path.join(tmp, "searchers.pth"))
     if ref_weights is not None:
         torch.save(ref_weights, os.path.join(tmp, "ref.pth"))
-    files = {name: os.path.getsize(os.path.join(tmp, name)) for name in sorted(os.listdir(tmp))}
+    files = {os.path.relpath(os.path.join(folder, name), tmp): os.path.getsize(os.path.join(folder, name))
+             for folder, _, names in sorted(os.walk(tmp)) for name in sorted(names)}
     with open(os.path.join(tmp, "meta.json"), "w") as f:
         json.dump({"step": state["step"], **state.get("meta", {}), "files": files}, f)
-    for name in os.listdir(tmp):
-        sync_to_disk(os.path.join(tmp, name))
-    sync_to_disk(tmp)
+    for folder, _, names in os.walk(tmp, topdown=False):  # each folder after what it holds
+        for name in names:
+            sync_to_disk(os.path.join(folder, name))
+        sync_to_disk(folder)
     shutil.rmtree(path, ignore_errors=True)  # re-saving the same step (a resumed run): the old copy goes last
     os.replace(tmp, path)
     sync_to_disk(os.path.dirname(path) or ".")  # the rename itself

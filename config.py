@@ -201,10 +201,11 @@ class Config:
                               "online_dpo: one more forward without gradient); m2po (its trust region is per "
                               "micro-batch) and loss files need a multiple of K", ge=0)
 
-    lora_rank: int = key(0, "LoRA (lora.py): r > 0 freezes the model and trains a rank-r adapter on every linear "
-                            "layer of its decoder blocks (gradients and AdamW states of the adapters only); searchers "
-                            "and checkpoints get the merged weights, the reference stays the base model. LoRA "
-                            "usually wants a larger learning rate than full fine-tuning. 0 = off", ge=0)
+    lora_rank: int = key(0, "LoRA through peft (learner.lora_model): r > 0 freezes the model and trains a rank-r "
+                            "adapter on every linear layer of its decoder blocks (float32 adapters, gradients and "
+                            "AdamW states, whatever dtype); searchers and checkpoints get the merged weights, "
+                            "checkpoints also peft's adapter files (adapter/), the reference stays the base model. "
+                            "LoRA usually wants a larger learning rate than full fine-tuning. 0 = off", ge=0)
     lora_alpha: float = key(0.0, "LoRA scale alpha: the update is (alpha / lora_rank) B A (0 = lora_rank: scale 1)",
                             ge=0)
 

@@ -4,11 +4,12 @@ probe, and the step's metrics row. Every trainer rank builds one (build); with n
 update on its B / T prompts of the batch, and trainer_group.py averages the gradients (FSDP2 / DDP).
 """
 import math
+import os
 from typing import NamedTuple
 
 import torch
 
-import lora
+import checkpoint
 import sync
 import trainer_group
 from losses import NEEDS_LOGP, beta_at, get_loss, masked, whole_share
@@ -223,17 +224,38 @@ def checkpointing(model, cfg):
 
 def policy_model(cfg, resume, device):
     """The policy a trainer rank starts from: the checkpoint's weights on resume, else `model`; with lora_rank the
-    frozen base model (`model`) with its adapters (lora.py), on resume the checkpoint's."""
+    frozen base model (`model`) with LoRA adapters (lora_model), on resume the checkpoint's."""
     if not cfg.lora_rank:
         return load_model(resume or cfg.model, cfg.dtype, device)
-    try:
-        model = lora.add(load_model(cfg.model, cfg.dtype, device), cfg.lora_rank, cfg.lora_alpha or cfg.lora_rank,
-                         cfg.seed)
-        if resume:
-            lora.load_adapters(model, resume)
-    except ValueError as e:
-        raise ModelError(str(e)) from None
-    return model
+    return lora_model(load_model(cfg.model, cfg.dtype, device), cfg, resume)
+
+
+def lora_model(base, cfg, resume=None):
+    """LoRA (Hu et al. 2021, arXiv 2106.09685) through peft: the frozen `base` plus a low-rank update of each linear
+    layer of its decoder blocks, W x + (alpha / r) B A x (attention and MLP, QLoRA's 'all-linear'; not the embeddings
+    or the LM head; target_modules names them as adapter configs do, q_proj ... down_proj), A and B the only trained
+    weights. B starts at zero, so step 0's policy is the base model; A is peft's Kaiming-uniform draw from cfg.seed.
+    The adapters are float32 whatever the base's dtype (peft's autocast_adapter_dtype), and so are their gradients and
+    AdamW states: in bfloat16 an AdamW step at a LoRA learning rate is below half an ulp of most of A, which would
+    never move. On resume the checkpoint's adapters (its adapter/ folder). The searchers and the checkpoint's HF files
+    get the merged weights (policy.merged_weights)."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+    linear = {name.rsplit(".", 1)[-1] for block in trainer_group.decoder_layers(base)
+              for name, m in block.named_modules() if isinstance(m, torch.nn.Linear)}
+    if not linear:
+        raise ModelError(f"lora_rank: {type(base).__name__} has no linear layers in decoder blocks")
+    config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha or cfg.lora_rank, target_modules=sorted(linear),
+                        task_type="CAUSAL_LM")
+    if resume:
+        try:
+            return PeftModel.from_pretrained(base, os.path.join(resume, checkpoint.ADAPTERS), config=config,
+                                             is_trainable=True)
+        except RuntimeError as e:  # load_state_dict: adapters of another shape
+            raise ModelError(f"resume: {resume}/{checkpoint.ADAPTERS} does not fit lora_rank={cfg.lora_rank}: "
+                             f"{str(e).splitlines()[-1].strip()}") from None
+    with torch.random.fork_rng(devices=[]):  # A's draw depends on the seed alone
+        torch.manual_seed(cfg.seed)
+        return get_peft_model(base, config)
 
 
 def build(cfg, ctx, store):

@@ -112,12 +112,26 @@ def weights(shape, e):
 
 
 def lora_params(shape, rank):
-    """lora.py's adapters: r x (in + out) numbers per linear layer of each decoder block. Llama / Qwen2 blocks: q, o
-    (h -> h), k, v (h -> kv_dim), gate, up (h -> i), down (i -> h): 9h + 2 kv_dim + 3i; other blocks (GPT-NeoX: fused
-    qkv h -> 3h, dense, fc_in, fc_out): 8h + 2i."""
+    """The LoRA adapters (learner.lora_model): r x (in + out) numbers per linear layer of each decoder block.
+    Llama / Qwen2 blocks: q, o (h -> h), k, v (h -> kv_dim), gate, up (h -> i), down (i -> h): 9h + 2 kv_dim + 3i;
+    other blocks (GPT-NeoX: fused qkv h -> 3h, dense, fc_in, fc_out): 8h + 2i."""
     h, i = shape["hidden"], shape["intermediate"]
     per_rank = 9 * h + 2 * shape["kv_dim"] + 3 * i if shape["gated"] else 8 * h + 2 * i
     return shape["layers"] * rank * per_rank
+
+
+def lora_activations(shape, e, rank):
+    """Bytes per token that one decoder layer saves for backward with LoRA beyond layer_activations' count (full
+    fine-tuning): each adapted linear layer's A x (r float32 numbers) and, when the base is not float32, its input
+    cast to float32 (peft casts it to the adapters' dtype, once per layer), in place of the inputs the frozen base no
+    longer keeps for weight gradients (e bytes each, shared where layers share an input). Llama / Qwen2 blocks: q, k,
+    v, gate and up each cast the normed hidden state, o and down their own inputs: 4 (6h + i) - e (3h + i) + 28 r;
+    other blocks (qkv, dense, fc_in, fc_out): (4 - e)(3h + i) + 16 r. Checked against the saved tensors of a tiny
+    Llama layer (scripts/plan_vs_measured.py measures whole steps)."""
+    h, i = shape["hidden"], shape["intermediate"]
+    copies, layers = (6 * h + i, 7) if shape["gated"] else (3 * h + i, 4)
+    cast = 4 * copies - e * (3 * h + i) if e != 4 else 0
+    return cast + 4 * rank * layers
 
 
 def adamw_states(shape, e):
@@ -140,14 +154,16 @@ def layer_activations(shape, e, seq):
     return (34 * h + 5 * shape["heads"] * seq) * e // 2
 
 
-def trainer_activations(shape, e, n, seq, recompute=False):
+def trainer_activations(shape, e, n, seq, recompute=False, lora_rank=0):
     """Activations of a micro-batch of n samples padded to seq tokens (token_logprobs pads to the longest):
     every layer's saved tensors (layer_activations), the final norm and the gathered response hidden states
     (4h + 2eh), and half a layer's more while backward runs (the gradients of one layer's intermediates). With
     `recompute` (grad_checkpointing) a layer keeps only its input (e h bytes per token) until the backward reaches
-    it, and then one layer's saved tensors exist at a time. An estimate, not calibrated; the trainer peak memory of
-    the GPU check (docs/performance.md) is the figure to compare it with."""
+    it, and then one layer's saved tensors exist at a time. lora_rank: a layer saves its adapters' too
+    (lora_activations). An estimate, not calibrated; the trainer peak memory of the GPU check (docs/performance.md) is
+    the figure to compare it with."""
     layer, h = layer_activations(shape, e, seq), shape["hidden"]
+    layer += lora_activations(shape, e, lora_rank) if lora_rank else 0
     kept = shape["layers"] * e * h + layer if recompute else shape["layers"] * layer
     return n * seq * (kept + 4 * h + 2 * e * h + layer // 2)
 
@@ -229,14 +245,15 @@ def trainer_rows(cfg, shape, seq, rank0=True, kind="nccl"):
     e, p, n, t = BYTES[cfg.dtype], shape["params"], micro_batch(cfg), cfg.n_trainers
     if cfg.micro_tokens:  # packed to the budget: at worst every sample as long as the longest (one at least)
         n = max(1, min(cfg.micro_tokens // seq, cfg.B * cfg.K))
-    per_token = trainer_activations(shape, e, 1, seq, cfg.grad_checkpointing) / seq
+    per_token = trainer_activations(shape, e, 1, seq, cfg.grad_checkpointing, cfg.lora_rank) / seq
     split = t if t > 1 and cfg.trainer_parallel == "fsdp" else 1  # fsdp: each rank keeps 1 / n_trainers of them
     of = f", 1/{split} (fsdp shard)" if split > 1 else ""
-    if cfg.lora_rank:  # frozen base; gradients and AdamW states of the adapters only
+    if cfg.lora_rank:  # frozen base; gradients and AdamW states of the adapters only, float32 like the adapters
         a = lora_params(shape, cfg.lora_rank)
-        rows = [("weights", (p + a) * e, f"{p:,} frozen + {a:,} adapter params (lora_rank {cfg.lora_rank}) x {e} B"),
-                ("gradients", a * e, "of the adapters"),
-                ("AdamW states", 2 * a * e, "exp_avg + exp_avg_sq of the adapters")]
+        rows = [("weights", p * e + a * 4, f"{p:,} frozen x {e} B + {a:,} adapter params (lora_rank "
+                                           f"{cfg.lora_rank}) x 4 B"),
+                ("gradients", a * 4, "of the adapters, float32"),
+                ("AdamW states", 2 * a * 4, "exp_avg + exp_avg_sq of the adapters, float32")]
     else:
         rows = [("weights", weights(shape, e) / split, f"{p:,} params x {e} B{of}"),
                 ("gradients", weights(shape, e) / split, "as the weights"),
@@ -251,10 +268,11 @@ def trainer_rows(cfg, shape, seq, rank0=True, kind="nccl"):
         if cfg.push_overlap:  # the push's own copy of the model, broadcast while the next step trains
             rows.append(("push snapshot", weights(shape, e), "push_overlap: the weights once more"))
     if cfg.lora_rank:
-        rows.append(("merged weight", shape["hidden"] * shape["intermediate"] * 12,  # lora.merged: W, B A, sum
+        # policy.MergedWeights: the float32 delta, W + delta in float32, the result rounded to W's dtype
+        rows.append(("merged weight", shape["hidden"] * shape["intermediate"] * (8 + (e if e != 4 else 0)),
                      "the largest linear layer merged in fp32 for the push"))
     return rows + [
-            ("activations", trainer_activations(shape, e, n, seq, cfg.grad_checkpointing),
+            ("activations", trainer_activations(shape, e, n, seq, cfg.grad_checkpointing, cfg.lora_rank),
              f"{n} x {seq} tokens x {per_token / 1e6:.2f} MB" + (", recomputed per layer" if cfg.grad_checkpointing
                                                                  else "")),
             ("LM-head chunk", lm_head_chunk(shape, n * seq), f"{min(n * seq, HEAD_CHUNK)} tokens x {shape['vocab']} "

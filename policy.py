@@ -1,7 +1,9 @@
-"""The model side shared by trainer and searchers: loading, prompt encoding and sequence log-probabilities."""
+"""The model side shared by trainer and searchers: loading, prompt encoding, sequence log-probabilities, and a LoRA
+policy (peft) seen as the plain Hugging Face model it stands for (merged_weights)."""
 import functools
 import hashlib
 import os
+from collections.abc import Mapping
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -167,6 +169,7 @@ def token_logprobs(model, prompts, responses, temperature, chunk_tokens=2048):
         cols += range(len(p) - 1, len(p) + len(r) - 1)  # position t predicts token t + 1
         targets += list(r)
     ids, attn = ids.to(device), attn.to(device)
+    model = hf_model(model)  # lora: its adapter layers are in place in the Hugging Face model
     hidden = model.base_model(input_ids=ids, attention_mask=attn, use_cache=False).last_hidden_state
     h = hidden[torch.tensor(rows, device=device), torch.tensor(cols, device=device)]
     y = torch.tensor(targets, device=device)
@@ -189,3 +192,60 @@ def token_logprobs(model, prompts, responses, temperature, chunk_tokens=2048):
     logp = logp.index_put((torch.tensor(rows, device=device), pos), flat)
     mask[torch.tensor(rows, device=device), pos] = True
     return logp, mask
+
+
+# ---------------------------------------------------------------- a LoRA policy as a plain model (lora_rank > 0)
+
+ADAPTER = "default"  # peft's name for a model's one adapter
+
+
+def is_lora(model):
+    """Whether `model` is a peft model (learner.lora_model): a Hugging Face model whose decoder linear layers carry
+    LoRA adapters."""
+    return hasattr(model, "get_base_model")
+
+
+def hf_model(model):
+    """The Hugging Face model: `model` itself, or a peft model's base model with its adapter layers in place (so
+    they take part in its forward)."""
+    return model.get_base_model() if is_lora(model) else model
+
+
+def base_weights(model, buffers=False):
+    """{Hugging Face name: tensor} of the model's parameters (with `buffers`: its state dict), a peft model's under
+    its base model's own names (<layer>.base_layer.weight -> <layer>.weight), the adapters left out."""
+    model = hf_model(model)
+    tensors = model.state_dict() if buffers else dict(model.named_parameters())
+    return {n.replace(".base_layer.", "."): t for n, t in tensors.items() if ".lora_" not in n}
+
+
+def merged_weights(model, buffers=False):
+    """The policy as a plain Hugging Face model: base_weights, with each LoRA layer's weight merged (MergedWeights);
+    a model without adapters: its own."""
+    return MergedWeights(model, buffers) if is_lora(model) else base_weights(model, buffers)
+
+
+class MergedWeights(Mapping):
+    """{Hugging Face name: tensor} of a peft LoRA model as a plain model: each adapted weight is W + (alpha / r) B A
+    when it is read, from peft's delta weight, computed in float32 (the adapters are float32) and rounded once to
+    W's dtype; one layer's merged copy at a time (the weight push reads them bucket by bucket). The base is never
+    merged in place: in bfloat16 a merge / unmerge round trip would drift its weights."""
+
+    def __init__(self, model, buffers=False):
+        from peft.tuners.lora import LoraLayer
+        self.tensors = base_weights(model, buffers)
+        self.adapted = {f"{name}.weight": m for name, m in hf_model(model).named_modules() if isinstance(m, LoraLayer)}
+
+    def __getitem__(self, name):
+        layer = self.adapted.get(name)
+        if layer is None:
+            return self.tensors[name]
+        w = self.tensors[name]
+        with torch.no_grad():
+            return (w + layer.get_delta_weight(ADAPTER)).to(w.dtype)  # w + a float32 delta: computed in float32
+
+    def __iter__(self):
+        return iter(self.tensors)
+
+    def __len__(self):
+        return len(self.tensors)

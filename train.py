@@ -130,6 +130,10 @@ def find_resume(cfg):
     if path and found.get("lora_rank", 0) != cfg.lora_rank:  # adapters on the base model, or whole weights
         raise ConfigError(f"resume: {path} was written with lora_rank={found.get('lora_rank', 0)}; resume with that, "
                           f"not lora_rank={cfg.lora_rank}")
+    if path and cfg.lora_rank and os.path.isfile(os.path.join(path, "adapters.pth")):  # lora.py's, before peft
+        raise ConfigError(f"resume: {path} keeps its LoRA adapters in adapters.pth, a format this version does not "
+                          f"read (it needs peft's adapter files in {checkpoint.ADAPTERS}/); start another out_dir, "
+                          f"from its merged weights with model={path} if you like")
     for key, value in found.get("buffer_keys", {}).items():  # its buffer: prompt ids and samples of that data
         if getattr(cfg, key) != value:
             raise ConfigError(f"resume: {path} was written with {key}={value}, and its replay buffer holds that run's "

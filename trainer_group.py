@@ -32,9 +32,8 @@ import torch
 import torch.distributed as dist
 
 import failures
-import lora
 from failures import Stop
-from policy import token_logprobs
+from policy import merged_weights, token_logprobs
 
 POLL_S = 5  # ranks 1..T-1 waiting for a command check this often that rank 0 is still alive
 
@@ -222,7 +221,7 @@ class Group:
         calls it (rank 0 tells the others): torch.distributed.checkpoint.state_dict.get_model_state_dict with
         full_state_dict and cpu_offload (https://pytorch.org/docs/stable/distributed.checkpoint.html)."""
         if not self.sharded():
-            return lora.merged_weights(self.model, buffers=True)  # lora: adapters merged, under the base's names
+            return merged_weights(self.model, buffers=True)  # lora: adapters merged, under the base's names
         self.tell(Command.STATE)
         return self.full_state_dict()
 

@@ -19,9 +19,8 @@ import time
 import torch
 import torch.distributed as dist
 
-import lora
 from config import ConfigError
-from policy import DTYPES
+from policy import DTYPES, base_weights, merged_weights
 
 
 def pick_transport(requested, device, gpu_mode, one_node=True, overlap=False):
@@ -82,12 +81,12 @@ class WeightTransport:
         self.comm, self.kind, self.device = comm, kind, device
         self.overlap = overlap and kind != "ipc"
         self.dtype = DTYPES[dtype]
-        meta = [(n, tuple(p.shape)) for n, p in model.named_parameters() if not lora.is_adapter(n)] \
+        meta = [(n, tuple(p.shape)) for n, p in base_weights(model).items()] \
             if comm.rank == 0 else None  # lora: the base model's names; the push sends its merged weights
         meta = comm.broadcast_object(meta)  # rank 0's parameter list is the authority
         elem = torch.empty(0, dtype=self.dtype).element_size()
         self.buckets = plan_buckets(meta, bucket_mb * 2**20, elem)
-        self.params = lora.merged_weights(model) if model is not None else None
+        self.params = merged_weights(model) if model is not None else None
         # two bucket buffers per side (streaming); a bucket is a view of its first numbers
         largest = max(sum(n for *_, n in b) for b in self.buckets)
         count = min(2, len(self.buckets))

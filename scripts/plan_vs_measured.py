@@ -27,6 +27,7 @@ import os
 import resource
 import subprocess
 import sys
+import types
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidden_layers=12, num_attention_heads=8,
@@ -75,13 +76,13 @@ def measure(shape, kind, n, checkpointed, budget):
     """In this (fresh) process: (GB the case adds above what was allocated before it, the whole peak in GB)."""
     import torch
 
-    import lora
+    from learner import lora_model
     from losses import tb_loss
     from policy import sequence_logprobs, token_logprobs
     model, vocab = build(shape)
     gpu = shape != "cpu"
     if kind == "lora":
-        lora.add(model, 64, 64.0)
+        model = lora_model(model, types.SimpleNamespace(lora_rank=64, lora_alpha=64.0, seed=0))
     if checkpointed:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     prompt, response = LENGTHS[shape]
@@ -138,10 +139,10 @@ def planned(shape, kind, n, checkpointed):
     if kind == "ref":
         added = plan.nograd_forward(s, e, n, seq)
         return added / 2**30, (added + plan.weights(s, e)) / 2**30
-    added = plan.trainer_activations(s, e, n, seq, checkpointed) + plan.lm_head_chunk(s, n * response)
-    if kind == "lora":
-        a = plan.lora_params(s, 64)
-        states = (s["params"] + a) * e + 3 * a * e
+    rank = 64 if kind == "lora" else 0
+    added = plan.trainer_activations(s, e, n, seq, checkpointed, rank) + plan.lm_head_chunk(s, n * response)
+    if kind == "lora":  # the adapters, their gradients and AdamW states in float32
+        states = s["params"] * e + 4 * plan.lora_params(s, rank) * 4
     else:
         states = plan.weights(s, e) * 2 + plan.adamw_states(s, e)
     return added / 2**30, (added + states) / 2**30

@@ -196,7 +196,7 @@ def test_advice_names_a_change_that_fits():
     assert not ok and "4 GPUs (one per rank)" in line
     changes = [w for w in line.split() if "=" in w]
     assert {c.split("=")[0] for c in changes} == {"grad_checkpointing", "micro_batch", "vllm_gpu_memory_utilization",
-                                                  "max_new_tokens", "lora_rank"}
+                                                  "max_new_tokens"}
     for change in changes:
         assert plan.verdict(load_config(os.path.join(ROOT, "configs", "gsm8k.yaml"), [change]), shape, 256, shared)[0]
 
@@ -226,21 +226,30 @@ def test_prepare_plans_the_gpus_present_and_nothing_on_cpu(tiny_model, monkeypat
     assert capsys.readouterr().out == "3\n"
 
 
-def test_lora_counts_the_adapters_as_lora_adds_them_and_fits_the_7b_recipe_on_one_gpu(tiny_model):
-    """lora_rank: gradients and AdamW states of the adapters only, as many as lora.add makes (counted on the tiny
-    model); the LoRA variant of the MATH recipe fits one 80 GB GPU by the plan, the recipe itself does not."""
-    import lora
+def test_lora_counts_the_adapters_as_peft_makes_them_and_fits_the_7b_recipe_on_one_gpu(tiny_model):
+    """lora_rank: gradients and AdamW states of the adapters only, as many as learner.lora_model makes (counted on
+    the tiny model), float32 like the adapters whatever the base's dtype; the LoRA variant of the MATH recipe fits
+    one 80 GB GPU by the plan, the recipe itself does not."""
+    import types
+
+    import torch
+
+    from learner import lora_model
     from policy import load_model
-    model = lora.add(load_model(tiny_model, "float32", "cpu"), 4, 4.0)
-    made = sum(p.numel() for n, p in model.named_parameters() if lora.is_adapter(n))
-    assert plan.lora_params(plan.model_shape(tiny_model), 4) == made
+    model = lora_model(load_model(tiny_model, "bfloat16", "cpu"), types.SimpleNamespace(lora_rank=4, lora_alpha=4.0,
+                                                                                         seed=0))
+    made = [p for p in model.parameters() if p.requires_grad]
+    assert {p.dtype for p in made} == {torch.float32}
+    assert plan.lora_params(plan.model_shape(tiny_model), 4) == sum(p.numel() for p in made)
     path = os.path.join(ROOT, "configs", "math_tba_prime_lora.yaml")
     cfg = load_config(path)
     shape = plan.model_shape(cfg.model)
     one = plan.machine(cfg, "shared", 1, 80 * GB, "vllm")
     rows = dict((part, b) for part, b, _ in plan.gpu_tables(cfg, shape, 256, one)[0][1])
-    adapters = plan.lora_params(shape, 64) * 2
+    adapters = plan.lora_params(shape, 64) * 4  # float32 on the bfloat16 base
+    assert cfg.dtype == "bfloat16" and rows["weights"] == shape["params"] * 2 + adapters
     assert rows["gradients"] == adapters and rows["AdamW states"] == 2 * adapters
     assert plan.verdict(cfg, shape, 256, one)[0]
     full = load_config(path, ["lora_rank=0"])
-    assert not plan.verdict(full, shape, 256, one)[0]
+    ok, line = plan.verdict(full, shape, 256, one)
+    assert not ok and "lora_rank=64" in line.split()
