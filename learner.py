@@ -13,7 +13,7 @@ import checkpoint
 import sync
 import trainer_group
 from losses import NEEDS_LOGP, beta_at, get_loss, masked, whole_share
-from policy import ModelError, encode_prompt, load_model, token_batches, trim_at_eos
+from policy import ModelError, decoder_layers, encode_prompt, load_model, token_batches, trim_at_eos
 from trainer_group import Command
 
 
@@ -240,7 +240,7 @@ def lora_model(base, cfg, resume=None):
     never move. On resume the checkpoint's adapters (its adapter/ folder). The searchers and the checkpoint's HF files
     get the merged weights (policy.merged_weights)."""
     from peft import LoraConfig, PeftModel, get_peft_model
-    linear = {name.rsplit(".", 1)[-1] for block in trainer_group.decoder_layers(base)
+    linear = {name.rsplit(".", 1)[-1] for block in decoder_layers(base)
               for name, m in block.named_modules() if isinstance(m, torch.nn.Linear)}
     if not linear:
         raise ModelError(f"lora_rank: {type(base).__name__} has no linear layers in decoder blocks")

@@ -249,3 +249,11 @@ class MergedWeights(Mapping):
 
     def __len__(self):
         return len(self.tensors)
+
+
+def decoder_layers(model):
+    """A Hugging Face model's decoder blocks (FSDP2 shards them one by one, LoRA adapts their linear layers): the
+    modules whose class the model's _no_split_modules names (transformers' list of the blocks that must stay whole,
+    e.g. LlamaDecoderLayer)."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    return [m for m in model.modules() if type(m).__name__ in names]

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 import failures
 from failures import Stop
-from policy import merged_weights, token_logprobs
+from policy import decoder_layers, merged_weights, token_logprobs
 
 POLL_S = 5  # ranks 1..T-1 waiting for a command check this often that rank 0 is still alive
 
@@ -62,13 +62,6 @@ class LogProbs(torch.nn.Module):
 
     def generate(self, **kwargs):  # fsdp: registered as a forward method (register_fsdp_forward_method)
         return self.model.generate(**kwargs)
-
-
-def decoder_layers(model):
-    """The blocks FSDP2 shards one by one: the modules whose class the model's _no_split_modules names (transformers'
-    list of the blocks that must stay whole, e.g. LlamaDecoderLayer)."""
-    names = set(getattr(model, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
 
 
 class FullParams(Mapping):

@@ -16,7 +16,7 @@ from conftest import ROOT, read_run, torchrun
 from learner import Learner, checkpointing, lora_model, policy_model
 from policy import base_weights, load_model, load_tokenizer, merged_weights, token_logprobs
 from test_trainer_group import FakeGroup, random_batch
-from trainer_group import decoder_layers
+from policy import decoder_layers
 
 PROMPTS, RESPONSES = [[1, 5, 6, 7], [1, 9, 8]], [[10, 11, 12], [13, 14]]
 
