@@ -25,8 +25,7 @@ class Sample:
     version: int  # trainer step of the weights that generated it (0 = initial weights); in flight: its last token's
     finished: bool  # the response ended with EOS (not cut at max_new_tokens)
     # in-flight search (searcher.InFlightSearch): ((version, tokens), ...) oldest first, the weights each run of
-    # response tokens came from; () = every token from `version` (chunked search; samples of older checkpoints,
-    # which lack the field, read this class default)
+    # response tokens came from; () = every token from `version` (chunked search)
     version_tokens: tuple = ()
 
     @property
@@ -139,7 +138,6 @@ class ReplayBuffer:
         self.n_online, self.size = dict(state["n_online"]), state["size"]
         self.recent, self._recent_left, self._all_left = (list(state[k])
                                                           for k in ("recent", "_recent_left", "_all_left"))
-        # a checkpoint written before the pool spanned rounds: its recent pool is its latest round's
-        self._arrived = {pid: set(r) for pid, r in state.get("_arrived", {}).items()}
-        self._stepped = state.get("_stepped", True)
+        self._arrived = {pid: set(r) for pid, r in state["_arrived"].items()}
+        self._stepped = state["_stepped"]
         self.rng.bit_generator.state = state["rng"]

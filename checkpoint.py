@@ -1,8 +1,8 @@
-"""Resumable checkpoints, each written whole or not at all, and TrainerState, what they restore of rank 0.
+"""Resumable checkpoints, each written whole or not at all, and the contract a resume must keep (its meta.json).
 
     out_dir/checkpoints/step_N/   (and final/ at the end of a run)
         model.safetensors, config.json, tokenizer files   HF format: eval.py, transformers and vLLM load it as is
-        trainer_state.pth   the trainer's TrainerState.state_dict(): step, optimizer, replay buffer, RNG, counters
+        trainer_state.pth   trainer.TrainerState.state_dict(): step, optimizer, replay buffer, RNG, counters
         searchers.pth       {rank: sync.ShardPlace}: each searcher's place in its prompt shard and its RNG states,
                             as of the last sync round (each searcher reads its own)
         adapter/            lora_rank > 0: peft's LoRA adapters, float32 (adapter_config.json,
@@ -13,9 +13,9 @@
         ref.pth             the reference policy, when TBA' has reset it (ref_reset_every > 0; searchers read it)
         optimizer_rank{r}.pt  n_trainers > 1: each trainer rank's own optimizer state (fsdp: its shard), in place of
                             trainer_state.pth's; a resume needs the same n_trainers and trainer_parallel (meta.json)
-        meta.json           {"step": N, "weight_delay": D, "buffer_keys": the data the buffer was filled from,
-                            with n_trainers > 1 n_trainers and trainer_parallel, "files": {name: bytes} of every
-                            other file}, written last
+        meta.json           {"step": N, the resume contract (contract(): format, weight_delay, lora_rank, the data
+                            the buffer was filled from, with n_trainers > 1 n_trainers and trainer_parallel),
+                            "files": {name: bytes} of every other file}, written last
 
 A checkpoint is written into NAME.tmp/, every file flushed to disk (fsync), and renamed to NAME when complete, so a
 crash in the middle of a save leaves every earlier checkpoint intact. `latest` takes the newest checkpoint whose files
@@ -23,7 +23,6 @@ all have the sizes meta.json lists (a node crash can leave a renamed folder with
 skipped; `prune` also removes the *.tmp folders of saves that never finished, torn checkpoints and those past the
 step just saved.
 """
-import collections
 import json
 import os
 import re
@@ -32,8 +31,7 @@ import sys
 
 import torch
 
-import runlog
-from buffer import ReplayBuffer
+from config import ConfigError
 from policy import is_lora, merged_weights
 
 STEP_DIR = re.compile(r"step_(\d+)$")
@@ -41,63 +39,63 @@ ADAPTERS = "adapter"  # the folder of peft's adapter files in a checkpoint (lora
 
 
 BUFFER_KEYS = ("task", "train_data", "n_train", "model", "K", "S")  # what the buffered samples were made with
+FORMAT = 2  # of the files below; 2: peft's adapter folder, the buffer's recent pool spanning rounds, version spans
 
 
-class TrainerState:
-    """Rank 0's state: everything a checkpoint restores besides the weights (saved in HF format); save and resume
-    both go through state_dict / load_state_dict. `learner`: learner.Learner (its model, optimizer and group)."""
+# ---------------------------------------------------------------- the resume contract: written here, checked here
 
-    def __init__(self, cfg, learner):
-        self.model, self.opt, self.group = learner.model, learner.opt, learner.group
-        self.buffer = ReplayBuffer(cfg)
-        self.step = 0  # the last step whose update (or skip) is complete
-        self.places = {}  # searcher rank -> its sync.ShardPlace at the last round
-        self.ref_version, self.ref_weights = 0, None  # TBA': step of the last reference reset, and those weights
-        self.eval_start, self.last_eval = {}, {}  # metrics of the start-of-run and of the latest evaluation
-        self.skipped = self.bad_in_a_row = 0  # updates skipped for a non-finite loss or gradient: in all, in a row
-        self.generated = self.trained = 0  # samples gathered from the searchers / trained on, over the whole run
-        self.reward_rounds = collections.deque()  # (rewards, failed) of the latest rounds (failures.failing_rewards)
-        self.versions = {}  # weight_delay: trainer step -> a CPU copy of the weights after it (the last D + 1)
-        self.timers = runlog.Timers()
-        # in the checkpoint's meta.json: a resume must match them (the buffer holds this data's prompt ids and samples)
-        self.meta = {"weight_delay": cfg.weight_delay, "lora_rank": cfg.lora_rank,
-                     "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
-        if self.group.size > 1:  # the optimizer state is in one file per trainer rank, for the same T and parallelism
-            self.meta.update(n_trainers=self.group.size, trainer_parallel=self.group.parallel)
 
-    def state_dict(self):
-        optimizer = self.opt.state_dict() if self.group.size == 1 else None  # T > 1: Group.save_shards
-        return dict(meta=self.meta, step=self.step, optimizer=optimizer, buffer=self.buffer.state_dict(),
-                    torch_rng=torch.get_rng_state(), places=self.places, ref_version=self.ref_version,
-                    ref_weights=self.ref_weights, eval_start=self.eval_start, last_eval=self.last_eval,
-                    skipped=self.skipped, bad_in_a_row=self.bad_in_a_row, generated=self.generated,
-                    trained=self.trained, versions=self.versions, timers=self.timers.state_dict())
+def contract(cfg):
+    """What meta.json records for a resume to match (find_resume): the format, weight_delay (the kept weight versions
+    are its own), lora_rank (adapters on the base model, or whole weights), the data the buffer was filled from, and
+    with n_trainers > 1 the layout of the per-rank optimizer files."""
+    written = {"format": FORMAT, "weight_delay": cfg.weight_delay, "lora_rank": cfg.lora_rank,
+               "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
+    if cfg.n_trainers > 1:
+        written.update(n_trainers=cfg.n_trainers, trainer_parallel=cfg.trainer_parallel)
+    return written
 
-    def load_state_dict(self, state):
-        if state["optimizer"] is not None:
-            self.opt.load_state_dict(state["optimizer"])
-        self.buffer.load_state_dict(state["buffer"])
-        torch.set_rng_state(state["torch_rng"])
-        self.timers.load_state_dict(state["timers"])
-        for key in ("step", "places", "ref_version", "ref_weights", "eval_start", "last_eval", "skipped",
-                    "bad_in_a_row", "generated", "trained", "versions"):
-            setattr(self, key, state[key])
 
-    def keep_version(self, delay):
-        """weight_delay = D: keep a CPU copy of the weights after self.step, drop those older than step - D."""
-        if delay:
-            weights = self.model.state_dict()
-            self.versions[self.step] = {n: t.detach().to("cpu", copy=True) for n, t in weights.items()}
-            for v in [v for v in self.versions if v < self.step - delay]:
-                del self.versions[v]
+def layout(found):
+    """'n_trainers=T[ trainer_parallel=P]' of a contract."""
+    return f"n_trainers={found.get('n_trainers', 1)}" + (
+        f" trainer_parallel={found['trainer_parallel']}" if "trainer_parallel" in found else "")
 
-    def version_for(self, step, delay):
-        """The weights the round at `step` sends: (their step, {name: tensor}), or (step, None) for the model's
-        current ones (D = 0). With D > 0 they are step - D's, or the start weights while step < D."""
-        if not delay:
-            return step, None
-        version = max(step - delay, min(self.versions))
-        return version, self.versions[version]
+
+def find_resume(cfg):
+    """The checkpoint dir to continue from (resume=auto: the newest complete one in out_dir, None if there is none),
+    checked against the contract the run would write: a mismatch is one ConfigError line."""
+    if not cfg.resume:
+        return None
+    warn = os.environ.get("RANK") == "0"  # the job's rank 0 says which torn checkpoint it skipped
+    path = latest(os.path.join(cfg.out_dir, "checkpoints"), warn) if cfg.resume == "auto" else cfg.resume
+    if path is None:
+        return None
+    why = torn(path)
+    if why:
+        raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint ({why})")
+    found, wanted = meta(path), contract(cfg)
+    if found.get("format", 1) != FORMAT:
+        raise ConfigError(f"resume: {path} was written by an older version of this code (format "
+                          f"{found.get('format', 1)}, this one reads {FORMAT}); start another out_dir, from its weights "
+                          f"with model={path} if you like")
+    if found["step"] >= cfg.steps:
+        raise ConfigError(f"resume: {path} is at step {found['step']} and steps={cfg.steps}; raise steps to continue")
+    for key in ("weight_delay", "lora_rank"):
+        if found[key] != wanted[key]:
+            raise ConfigError(f"resume: {path} was written with {key}={found[key]}; resume with that, not "
+                              f"{key}={wanted[key]}")
+    for key, value in found["buffer_keys"].items():  # its buffer: prompt ids and samples of that data
+        if getattr(cfg, key) != value:
+            raise ConfigError(f"resume: {path} was written with {key}={value}, and its replay buffer holds that run's "
+                              f"prompts and samples; resume with {key}={value}, not {getattr(cfg, key)}, or start "
+                              "another out_dir")
+    if layout(found) != layout(wanted):  # one optimizer file per trainer rank
+        raise ConfigError(f"resume: {path} was written with {layout(found)}; resume with that, not {layout(wanted)}")
+    return path
+
+
+# ---------------------------------------------------------------- writing and finding checkpoints
 
 
 def save(path, model, tok, state, shards=None):

@@ -377,7 +377,7 @@ def advice(cfg, shape, prompt_tokens, machine):
 
 def host_rows(cfg, shape):
     """[(part, bytes, how)] of rank 0's host (CPU) memory beyond the processes themselves: the weight copies it keeps
-    on the CPU (checkpoint.TrainerState), which no GPU table holds."""
+    on the CPU (trainer.TrainerState), which no GPU table holds."""
     e, rows = BYTES[cfg.dtype], []
     if cfg.weight_delay:
         rows.append(("weight_delay versions", (cfg.weight_delay + 1) * weights(shape, e),

@@ -97,7 +97,7 @@ class Context:
                               "GPU; give every rank its own GPU, or n_trainers=1")
         from transport import WeightTransport, pick_transport
         kind = pick_transport(cfg.weight_transport, self.device, self.gpu_mode, one_node, cfg.push_overlap)
-        self.resume = find_resume(cfg)
+        self.resume = checkpoint.find_resume(cfg)
         self.task = get_task(cfg.task)
         self.train = self.task.load(cfg.train_data or self.task.DEFAULT_TRAIN, "train")
         self.test = self.task.load(cfg.test_data or self.task.DEFAULT_TEST, "test")
@@ -108,47 +108,6 @@ class Context:
             torch.cuda.set_device(0)  # pin_gpu made this rank's GPU the only visible one
         self.make_transport = lambda comm, model: WeightTransport(comm, kind, cfg.dtype, cfg.bucket_mb, self.device,
                                                                   model, cfg.push_overlap)
-
-
-def find_resume(cfg):
-    """The checkpoint dir to continue from (resume=auto: the newest complete one in out_dir, None if there is none)."""
-    if not cfg.resume:
-        return None
-    warn = os.environ.get("RANK") == "0"  # the job's rank 0 says which torn checkpoint it skipped
-    path = checkpoint.latest(os.path.join(cfg.out_dir, "checkpoints"), warn) if cfg.resume == "auto" else cfg.resume
-    step = checkpoint.step_of(path) if path else None
-    why = checkpoint.torn(path) if path else None
-    if why:
-        raise ConfigError(f"resume={cfg.resume}: {path} is not a complete checkpoint ({why})")
-    if step is not None and step >= cfg.steps:
-        raise ConfigError(f"resume: {path} is at step {step} and steps={cfg.steps}; raise steps to continue")
-    written = checkpoint.meta(path).get("weight_delay", 0) if path else cfg.weight_delay
-    if written != cfg.weight_delay:  # its kept weight versions are those of its own delay
-        raise ConfigError(f"resume: {path} was written with weight_delay={written}; resume with that, not "
-                          f"weight_delay={cfg.weight_delay}")
-    found = checkpoint.meta(path) if path else {}
-    if path and found.get("lora_rank", 0) != cfg.lora_rank:  # adapters on the base model, or whole weights
-        raise ConfigError(f"resume: {path} was written with lora_rank={found.get('lora_rank', 0)}; resume with that, "
-                          f"not lora_rank={cfg.lora_rank}")
-    if path and cfg.lora_rank and os.path.isfile(os.path.join(path, "adapters.pth")):  # lora.py's, before peft
-        raise ConfigError(f"resume: {path} keeps its LoRA adapters in adapters.pth, a format this version does not "
-                          f"read (it needs peft's adapter files in {checkpoint.ADAPTERS}/); start another out_dir, "
-                          f"from its merged weights with model={path} if you like")
-    for key, value in found.get("buffer_keys", {}).items():  # its buffer: prompt ids and samples of that data
-        if getattr(cfg, key) != value:
-            raise ConfigError(f"resume: {path} was written with {key}={value}, and its replay buffer holds that run's "
-                              f"prompts and samples; resume with {key}={value}, not {getattr(cfg, key)}, or start "
-                              "another out_dir")
-    # n_trainers > 1: one optimizer file per trainer rank, its layout
-    written = f"n_trainers={found.get('n_trainers', 1)}"
-    if "trainer_parallel" in found:
-        written += f" trainer_parallel={found['trainer_parallel']}"
-    wanted = f"n_trainers={cfg.n_trainers}"
-    if cfg.n_trainers > 1:
-        wanted += f" trainer_parallel={cfg.trainer_parallel}"
-    if path and written != wanted:
-        raise ConfigError(f"resume: {path} was written with {written}; resume with that, not {wanted}")
-    return path
 
 
 def lower_priority(nice):

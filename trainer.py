@@ -8,11 +8,13 @@ A stop (failures.py: a signal, a failed collective, max_bad_steps skipped update
 and a resumable checkpoint (checkpoint.py; resume=auto continues from it), unless a trainer rank is gone: then the
 last checkpoint saved is the one to resume from.
 """
+import collections
 import json
 import os
 import sys
 import time
 
+import torch
 import yaml
 from tqdm import tqdm
 
@@ -20,12 +22,76 @@ import checkpoint
 import failures
 import runlog
 import sync
+from buffer import ReplayBuffer
 from config import config_to_dict
 from eval import merge_evals
 from failures import Stop
 from learner import build as build_learner, finite
 from rewards import get_task
 from sync import Flag
+
+
+class WeightDelay:
+    """weight_delay = D (docs/staleness.md): every sync round sends the searchers the weights of D trainer steps ago,
+    so each sample is at least D updates stale while everything else stays as it was. Keeps CPU copies of the last
+    D + 1 versions (a checkpoint keeps them too)."""
+
+    def __init__(self, delay):
+        self.delay = delay
+        self.versions = {}  # trainer step -> a CPU copy of the weights after it
+
+    def keep(self, step, model):
+        """After trainer step `step`: a copy of the model's weights; those older than step - D go."""
+        if self.delay:
+            self.versions[step] = {n: t.detach().to("cpu", copy=True) for n, t in model.state_dict().items()}
+            for v in [v for v in self.versions if v < step - self.delay]:
+                del self.versions[v]
+
+    def weights_for(self, step):
+        """The weights the round at `step` sends: (their step, {name: tensor}), or (step, None) for the model's
+        current ones (D = 0). With D > 0 they are step - D's, or the start weights while step < D."""
+        if not self.delay:
+            return step, None
+        version = max(step - self.delay, min(self.versions))
+        return version, self.versions[version]
+
+
+class TrainerState:
+    """Rank 0's state: everything a checkpoint restores besides the weights (saved in HF format); save and resume
+    both go through state_dict / load_state_dict. `learner`: learner.Learner (its model, optimizer and group)."""
+
+    def __init__(self, cfg, learner):
+        self.model, self.opt, self.group = learner.model, learner.opt, learner.group
+        self.buffer = ReplayBuffer(cfg)
+        self.step = 0  # the last step whose update (or skip) is complete
+        self.places = {}  # searcher rank -> its sync.ShardPlace at the last round
+        self.ref_version, self.ref_weights = 0, None  # TBA': step of the last reference reset, and those weights
+        self.eval_start, self.last_eval = {}, {}  # metrics of the start-of-run and of the latest evaluation
+        self.skipped = self.bad_in_a_row = 0  # updates skipped for a non-finite loss or gradient: in all, in a row
+        self.generated = self.trained = 0  # samples gathered from the searchers / trained on, over the whole run
+        self.reward_rounds = collections.deque()  # (rewards, failed) of the latest rounds (failures.failing_rewards)
+        self.delay = WeightDelay(cfg.weight_delay)
+        self.timers = runlog.Timers()
+        self.meta = checkpoint.contract(cfg)  # in the checkpoint's meta.json: what a resume must match
+
+    def state_dict(self):
+        optimizer = self.opt.state_dict() if self.group.size == 1 else None  # T > 1: Group.save_shards
+        return dict(meta=self.meta, step=self.step, optimizer=optimizer, buffer=self.buffer.state_dict(),
+                    torch_rng=torch.get_rng_state(), places=self.places, ref_version=self.ref_version,
+                    ref_weights=self.ref_weights, eval_start=self.eval_start, last_eval=self.last_eval,
+                    skipped=self.skipped, bad_in_a_row=self.bad_in_a_row, generated=self.generated,
+                    trained=self.trained, versions=self.delay.versions, timers=self.timers.state_dict())
+
+    def load_state_dict(self, state):
+        if state["optimizer"] is not None:
+            self.opt.load_state_dict(state["optimizer"])
+        self.buffer.load_state_dict(state["buffer"])
+        torch.set_rng_state(state["torch_rng"])
+        self.timers.load_state_dict(state["timers"])
+        self.delay.versions = state["versions"]
+        for key in ("step", "places", "ref_version", "ref_weights", "eval_start", "last_eval", "skipped",
+                    "bad_in_a_row", "generated", "trained"):
+            setattr(self, key, state[key])
 
 
 def train_step(cfg, state, learner, step):
@@ -38,7 +104,7 @@ def train_step(cfg, state, learner, step):
     state.trained += len(flat)
     state.bad_in_a_row = 0 if done.finite else state.bad_in_a_row + 1
     state.step = step
-    state.keep_version(cfg.weight_delay)
+    state.delay.keep(step, state.model)
     seconds = time.perf_counter() - t0
     state.timers.train_s += seconds
     row = learner.metrics(batch, flat, done, step, seconds)
@@ -73,7 +139,7 @@ def gather(cfg, comm, state, step, flags, announced=False):
 def push(cfg, comm, transport, state, learner, step, flags):
     """Round steps 3-5: the weights out (kept as TBA's reference with REF), the probe compared, the evaluation
     merged and written to eval_stepN.jsonl. Returns the round's metrics from step 3 on."""
-    version, old = state.version_for(step, cfg.weight_delay)
+    version, old = state.delay.weights_for(step)
     if flags & Flag.WEIGHTS and old is None and not finite(state.model):
         raise Stop(f"the weights after step {step} are not finite: not pushed", retry=False)
     source = old
@@ -181,12 +247,12 @@ def begin(cfg, comm, ctx):
     transport = ctx.make_transport(comm, learner.model)
     if ctx.gpu_mode == "shared":  # model, optimizer and weight buffers exist: the searchers' build turns start
         comm.end_turn()
-    state = checkpoint.TrainerState(cfg, learner)
+    state = TrainerState(cfg, learner)
     if ctx.resume:
         state.load_state_dict(checkpoint.load_state(ctx.resume))
         print(f"resumed from {ctx.resume} (step {state.step}, buffer {len(state.buffer)} samples)", flush=True)
-    if not state.versions:  # weight_delay: the start weights (a resumed run has its last D + 1 versions)
-        state.keep_version(cfg.weight_delay)
+    if not state.delay.versions:  # weight_delay: the start weights (a resumed run has its last D + 1 versions)
+        state.delay.keep(state.step, state.model)
     return learner, transport, state
 
 

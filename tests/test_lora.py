@@ -148,15 +148,16 @@ def test_a_checkpoint_holds_peft_adapters_beside_the_merged_policy_and_resume_re
 
 
 def test_resume_refuses_adapters_of_the_old_format_in_one_line(tmp_path):
-    """A checkpoint with lora.py's adapters.pth (before peft): resume says so in one line before any process starts."""
-    import train
+    """A checkpoint of the format before peft (adapters.pth, no format in meta.json): resume says so in one line before
+    any process starts."""
     path = tmp_path / "run" / "checkpoints" / "step_2"
     path.mkdir(parents=True)
     (path / "adapters.pth").write_bytes(b"old")
     (path / "meta.json").write_text(json.dumps({"step": 2, "weight_delay": 0, "lora_rank": 4, "files": {}}))
     cfg = tiny_cfg(lora_rank=4, steps=4, out_dir=str(tmp_path / "run"), resume="auto")
-    with pytest.raises(ConfigError, match="adapters.pth, a format this version does not read") as e:
-        train.find_resume(cfg)
+    with pytest.raises(ConfigError, match=f"written by an older version of this code .format 1, this one reads "
+                                          f"{checkpoint.FORMAT}.; start another out_dir, from its weights with model=") as e:
+        checkpoint.find_resume(cfg)
     assert "\n" not in str(e.value)
 
 

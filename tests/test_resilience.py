@@ -171,7 +171,7 @@ def test_weights_that_are_not_finite_are_never_saved_nor_pushed(tiny_model, tmp_
     newest checkpoint and prune the good ones, pushing them would poison every searcher. Both stop the run instead."""
     model = load_model(tiny_model, "float32", "cpu")
     state = types.SimpleNamespace(model=model, step=7, group=types.SimpleNamespace(size=1),
-                                  version_for=lambda step, delay: (step, None))
+                                  delay=types.SimpleNamespace(weights_for=lambda step: (step, None)))
     cfg = Config(out_dir=str(tmp_path))
     with torch.no_grad():
         next(model.parameters())[0, 0] = float("inf")
@@ -498,7 +498,7 @@ def test_a_torn_checkpoint_is_skipped_for_the_previous_complete_one(tiny_model, 
     assert "model.safetensors has" in checkpoint.torn(str(tmp_path / "step_2"))
     cfg = Config(out_dir=str(tmp_path / "run"), resume=str(tmp_path / "step_2"), steps=10)
     with pytest.raises(ConfigError, match="not a complete checkpoint .model.safetensors has"):
-        train.find_resume(cfg)
+        checkpoint.find_resume(cfg)
     os.remove(tmp_path / "step_1" / "searchers.pth")
     assert checkpoint.latest(str(tmp_path)) is None
 
@@ -546,12 +546,13 @@ def test_a_resume_with_other_data_is_refused_in_one_line(tmp_path):
     ckpts = tmp_path / "run" / "checkpoints" / "step_3"
     ckpts.mkdir(parents=True)
     keys = {k: getattr(Config(), k) for k in checkpoint.BUFFER_KEYS}
-    (ckpts / "meta.json").write_text(json.dumps({"step": 3, "weight_delay": 0, "buffer_keys": keys}))
+    (ckpts / "meta.json").write_text(json.dumps({"step": 3, "format": checkpoint.FORMAT, "weight_delay": 0, "lora_rank": 0,
+                                               "buffer_keys": keys, "files": {}}))
     base = dict(out_dir=str(tmp_path / "run"), resume="auto", steps=10)
-    assert train.find_resume(Config(**base, lr=1e-4, m=0.5)) == str(ckpts)
+    assert checkpoint.find_resume(Config(**base, lr=1e-4, m=0.5)) == str(ckpts)
     for key, value in [("K", 4), ("S", 4), ("train_data", "procedural:train:100"), ("n_train", 50)]:
         with pytest.raises(ConfigError, match=f"written with {key}=.*resume with {key}="):
-            train.find_resume(Config(**base, **{key: value}))
+            checkpoint.find_resume(Config(**base, **{key: value}))
 
 
 def test_a_run_never_writes_over_another_run(tiny_model, tmp_path):
@@ -620,3 +621,21 @@ def test_a_signal_to_the_job_stops_every_rank_quietly_and_resumably(tiny_model, 
         assert step == 10 and not os.path.exists(os.path.join(out, "eval_step10.jsonl"))
     time.sleep(1)
     assert leftovers(out) == []
+
+
+def test_the_resume_contract_is_written_and_checked_in_one_place(tmp_path):
+    """checkpoint.contract(cfg) is what meta.json records; find_resume accepts the config that wrote it and refuses,
+    in one line naming the key, each setting a resume must keep."""
+    ckpts = tmp_path / "run" / "checkpoints" / "step_3"
+    ckpts.mkdir(parents=True)
+    base = dict(out_dir=str(tmp_path / "run"), resume="auto", steps=10, n_trainers=2, B=8,
+                trainer_parallel="ddp", weight_delay=2)
+    (ckpts / "meta.json").write_text(json.dumps({"step": 3, **checkpoint.contract(Config(**base)), "files": {}}))
+    assert checkpoint.find_resume(Config(**base)) == str(ckpts)
+    for changed, message in [(dict(weight_delay=0), "weight_delay=2; resume with that, not weight_delay=0"),
+                             (dict(n_trainers=1), "n_trainers=2 trainer_parallel=ddp; resume with that, not n_trainers=1"),
+                             (dict(trainer_parallel="fsdp"), "not n_trainers=2 trainer_parallel=fsdp"),
+                             (dict(steps=3), "is at step 3 and steps=3")]:
+        with pytest.raises(ConfigError, match=message) as e:
+            checkpoint.find_resume(Config(**{**base, **changed}))
+        assert "\n" not in str(e.value)
