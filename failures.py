@@ -7,6 +7,7 @@ SIGTERM / SIGINT writes "left/<rank>" (leave_on_signal), so rank 0 can tell a cr
 collective fails, diagnose() waits at most DIAGNOSE_S for one of those keys or a dead process, instead of guessing how
 long a dying rank takes to go.
 """
+import collections
 import dataclasses
 import os
 import signal
@@ -218,19 +219,27 @@ def trainers_alive(comm, group):
 REWARD_WINDOW = 256  # max_reward_errors is judged over at least this many of the latest rewards
 
 
-def failing_rewards(cfg, rounds, n, failed):
-    """A sync round brought n rewards, `failed` of them raised or timed out: `rounds` (the latest rounds' (n, failed),
-    oldest first) keeps the fewest latest rounds that hold REWARD_WINDOW rewards. Returns the line that stops the run
-    when more than max_reward_errors of them failed, else None."""
-    if n:
-        rounds.append((n, failed))
-    while len(rounds) > 1 and sum(r[0] for r in rounds) - rounds[0][0] >= REWARD_WINDOW:
-        rounds.popleft()
-    total, bad = sum(r[0] for r in rounds), sum(r[1] for r in rounds)
-    if cfg.max_reward_errors < 1 and total >= REWARD_WINDOW and bad > cfg.max_reward_errors * total:
-        return (f"the task's rewards keep failing: {bad} of the latest {total} raised or timed out "
-                f"(max_reward_errors = {cfg.max_reward_errors}; the warnings above say why)")
-    return None
+class RewardWindow:
+    """max_reward_errors' rule: the (rewards, failed) counts of the fewest latest sync rounds that hold REWARD_WINDOW
+    rewards. add() after each round; verdict() gives the line that stops the run when more than max_reward_errors of
+    them failed (raised, timed out or were not finite), else None."""
+
+    def __init__(self, max_errors):
+        self.max_errors = max_errors
+        self.rounds = collections.deque()  # (rewards, failed) per round, oldest first
+
+    def add(self, n, failed):
+        if n:
+            self.rounds.append((n, failed))
+        while len(self.rounds) > 1 and sum(r[0] for r in self.rounds) - self.rounds[0][0] >= REWARD_WINDOW:
+            self.rounds.popleft()
+
+    def verdict(self):
+        total, bad = sum(r[0] for r in self.rounds), sum(r[1] for r in self.rounds)
+        if self.max_errors < 1 and total >= REWARD_WINDOW and bad > self.max_errors * total:
+            return (f"the task's rewards keep failing: {bad} of the latest {total} raised, timed out or were not "
+                    f"finite (max_reward_errors = {self.max_errors}; the warnings above say why)")
+        return None
 
 
 def stop_reason(cfg, state, signalled, row):
@@ -242,7 +251,7 @@ def stop_reason(cfg, state, signalled, row):
         return Stop(f"{cfg.max_bad_steps} updates in a row had a non-finite loss or gradient (last: step "
                     f"{state.step}, loss {row['train/loss']}, grad norm {row['train/grad_norm']}); all were skipped",
                     retry=False)
-    failing = failing_rewards(cfg, state.reward_rounds, 0, 0)
+    failing = state.rewards.verdict()
     if failing:
         return Stop(failing, retry=False)
     return None

@@ -54,7 +54,7 @@ def score_batch(scorer, prompts, texts, records, finished, stats, limit):
 
 def failed(stats, n, error, what, detail):
     """n rewards failed: counted since the last round (the trainer sums them and stops a run whose rewards keep
-    failing: failures.RewardWatch)."""
+    failing: failures.RewardWindow)."""
     stats["reward_errors"] += n
     stats["reward_timeouts"] += n * isinstance(error, Timeout)
     warn_task_error(what, error, detail, "counted as 0 (search/reward_errors)")

@@ -8,7 +8,7 @@ A stop (failures.py: a signal, a failed collective, max_bad_steps skipped update
 and a resumable checkpoint (checkpoint.py; resume=auto continues from it), unless a trainer rank is gone: then the
 last checkpoint saved is the one to resume from.
 """
-import collections
+import dataclasses
 import json
 import os
 import sys
@@ -69,7 +69,7 @@ class TrainerState:
         self.eval_start, self.last_eval = {}, {}  # metrics of the start-of-run and of the latest evaluation
         self.skipped = self.bad_in_a_row = 0  # updates skipped for a non-finite loss or gradient: in all, in a row
         self.generated = self.trained = 0  # samples gathered from the searchers / trained on, over the whole run
-        self.reward_rounds = collections.deque()  # (rewards, failed) of the latest rounds (failures.failing_rewards)
+        self.rewards = failures.RewardWindow(cfg.max_reward_errors)  # the latest rounds' failed rewards
         self.delay = WeightDelay(cfg.weight_delay)
         self.timers = runlog.Timers()
         self.meta = checkpoint.contract(cfg)  # in the checkpoint's meta.json: what a resume must match
@@ -94,9 +94,22 @@ class TrainerState:
             setattr(self, key, state[key])
 
 
-def train_step(cfg, state, learner, step):
+@dataclasses.dataclass
+class Run:
+    """What every part of the loop works with, made once by begin()."""
+    cfg: object  # config.Config
+    comm: object  # comm.Comm: rank 0's side of the job (its store, the searchers' group)
+    transport: object  # transport.WeightTransport: how the weights go out
+    learner: object  # learner.Learner: the model, its optimizer, the trainer group, the loss
+    state: TrainerState  # what a checkpoint restores
+    tok: object  # the tokenizer, saved with every checkpoint
+    signalled: list  # the signals caught so far (failures.catch_signals)
+
+
+def train_step(run, step):
     """One optimizer step on B x K samples drawn from the replay buffer (paper section 3.2: m / reward-weighted);
     a skipped update counts towards max_bad_steps. Returns the step's metrics row."""
+    cfg, state, learner = run.cfg, run.state, run.learner
     t0 = time.perf_counter()
     batch = state.buffer.sample(cfg.B, cfg.K)
     flat, done = learner.train(batch, step)
@@ -115,10 +128,11 @@ def train_step(cfg, state, learner, step):
 # ---------------------------------------------------------------- the trainer's side of a sync round (sync.py)
 
 
-def gather(cfg, comm, state, step, flags, announced=False):
-    """Round steps 0-1: the searchers' trajectories into the buffer, their shard places kept for checkpoints.
-    Returns the round's search metrics."""
-    gathered = sync.trainer_gather(comm, step, flags, announced)
+def gather(run, step, flags, announced=False):
+    """Round steps 0-1: the searchers' trajectories into the buffer, their shard places kept for checkpoints, their
+    failed rewards counted (max_reward_errors). Returns the round's search metrics."""
+    state = run.state
+    gathered = sync.trainer_gather(run.comm, step, flags, announced)
     samples = [s for report in gathered.reports for s in report.samples]
     new = state.buffer.add(samples)
     state.generated += len(samples)
@@ -130,22 +144,23 @@ def gather(cfg, comm, state, step, flags, announced=False):
            "search/tokens_per_s": tokens / gen_s if gen_s else 0.0,
            "search/reward_errors": sum(r.reward_errors for r in gathered.reports),
            "search/reward_timeouts": sum(r.reward_timeouts for r in gathered.reports)}
-    failures.failing_rewards(cfg, state.reward_rounds, len(samples), row["search/reward_errors"])
+    state.rewards.add(len(samples), row["search/reward_errors"])
     if samples:
         row["search/reward_mean"] = sum(s.reward for s in samples) / len(samples)
     return row
 
 
-def push(cfg, comm, transport, state, learner, step, flags):
+def push(run, step, flags):
     """Round steps 3-5: the weights out (kept as TBA's reference with REF), the probe compared, the evaluation
     merged and written to eval_stepN.jsonl. Returns the round's metrics from step 3 on."""
+    cfg, transport, state = run.cfg, run.transport, run.state
     version, old = state.delay.weights_for(step)
     if flags & Flag.WEIGHTS and old is None and not finite(state.model):
         raise Stop(f"the weights after step {step} are not finite: not pushed", retry=False)
     source = old
     if source is None and flags & Flag.WEIGHTS:  # fsdp: assembled from the shards during the push
         source = state.group.gather_params()  # None with one trainer or ddp: the model's own weights
-    pushed = sync.trainer_push(comm, transport, flags, source)
+    pushed = sync.trainer_push(run.comm, transport, flags, source)
     state.timers.sync_s += pushed.seconds
     state.timers.eval_s += pushed.eval_s
     state.timers.rounds += 1
@@ -161,7 +176,7 @@ def push(cfg, comm, transport, state, learner, step, flags):
         state.ref_weights = {n: t.detach().to("cpu", copy=True) for n, t in reference.items()}
     if pushed.probes is not None:
         with state.group.collectives():  # fsdp: every trainer rank generates in lock-step
-            tokens = learner.probe(old)
+            tokens = run.learner.probe(old)
         row["sync/probe_match"] = sum(p == tokens for p in pushed.probes) / len(pushed.probes)
         with open(os.path.join(cfg.out_dir, "sync_probe.jsonl"), "a") as f:
             f.write(json.dumps({"step": step, "trainer": tokens, "searchers": pushed.probes}) + "\n")
@@ -174,19 +189,20 @@ def push(cfg, comm, transport, state, learner, step, flags):
     return row
 
 
-def wait_for_fresh(cfg, comm, state, signalled):
+def wait_for_fresh(run):
     """max_reuse, async mode: before a step, sync rounds without weights until the next B x K samples keep the samples
     trained on within max_reuse x those generated (0: never wait; synchronous mode trains on each round's data as it
     is). A signal stops the wait (and the run); past time_budget_min the step goes on without; rounds that bring no
     sample for timeout_s stop the run. Returns the step's waiting metrics."""
+    cfg, state = run.cfg, run.state
     t0, rounds = time.perf_counter(), 0
     last_sample = t0
     while cfg.asynchronous and cfg.max_reuse and state.trained + cfg.B * cfg.K > cfg.max_reuse * state.generated:
-        if signalled:
-            raise failures.stop_reason(cfg, state, signalled, {})
+        if run.signalled:
+            raise failures.stop_reason(cfg, state, run.signalled, {})
         if cfg.time_budget_min and state.timers.elapsed() / 60 > cfg.time_budget_min:
             break
-        if gather(cfg, comm, state, state.step, Flag.NONE)["sync/samples"]:
+        if gather(run, state.step, Flag.NONE)["sync/samples"]:
             last_sample = time.perf_counter()
         elif time.perf_counter() - last_sample > cfg.timeout_s:
             raise Stop(f"the searchers sent no sample for timeout_s = {cfg.timeout_s} s while max_reuse = "
@@ -198,25 +214,25 @@ def wait_for_fresh(cfg, comm, state, signalled):
 # ---------------------------------------------------------------- the run
 
 
-def one_step(cfg, comm, transport, state, learner, step, signalled):
+def one_step(run, step):
     """Trainer step `step` with its sync round when one is due. Returns (its metrics row, whether it is the last)."""
+    cfg, state = run.cfg, run.state
     t0 = time.perf_counter()
-    waited = wait_for_fresh(cfg, comm, state, signalled)
+    waited = wait_for_fresh(run)
     last = step == cfg.steps or bool(cfg.time_budget_min and state.timers.elapsed() / 60 > cfg.time_budget_min)
     evaluate = last or bool(cfg.eval_every and step % cfg.eval_every == 0)
     flags = sync.flags_for(cfg, step, state.ref_version, evaluate=evaluate, stop=last)
     if not cfg.asynchronous:  # exactly the data of the current weights, then the new weights out
-        row = runlog.joined(gather(cfg, comm, state, step, flags), train_step(cfg, state, learner, step))
-        row = runlog.joined(row, push(cfg, comm, transport, state, learner, step, flags))
+        row = runlog.joined(gather(run, step, flags), train_step(run, step))
+        row = runlog.joined(row, push(run, step, flags))
     elif step % cfg.k == 0 or evaluate:
         # announced before this step trains, so the searchers finish their generation chunks meanwhile and
         # wait in the gather when it is done
-        sync.announce(comm, step, flags)
-        row = runlog.joined(train_step(cfg, state, learner, step),
-                            gather(cfg, comm, state, step, flags, announced=True))
-        row = runlog.joined(row, push(cfg, comm, transport, state, learner, step, flags))
+        sync.announce(run.comm, step, flags)
+        row = runlog.joined(train_step(run, step), gather(run, step, flags, announced=True))
+        row = runlog.joined(row, push(run, step, flags))
     else:
-        row = train_step(cfg, state, learner, step)
+        row = train_step(run, step)
     seconds = time.perf_counter() - t0
     row.update(waited)
     row.update({"time/step_seconds": seconds, "time/wait_seconds": seconds - row["time/train_seconds"],
@@ -225,21 +241,23 @@ def one_step(cfg, comm, transport, state, learner, step, signalled):
     return row, last
 
 
-def save(cfg, state, tok, name=None):
+def save(run, name=None):
     """A resumable checkpoint of the state after state.step (the searchers' places as of the last round). Weights
     that are not finite are never saved: the newest checkpoint stays the last good one."""
+    cfg, state = run.cfg, run.state
     if not finite(state.model):
         raise Stop(f"the weights after step {state.step} are not finite: not saved", retry=False)
     path = os.path.join(cfg.out_dir, "checkpoints", name or f"step_{state.step}")
     shards = None if state.group.size == 1 else lambda tmp: state.group.save_shards(state.opt, tmp)
     with state.group.collectives():
-        checkpoint.save(path, state.model, tok, state.state_dict(), shards)
+        checkpoint.save(path, state.model, run.tok, state.state_dict(), shards)
     checkpoint.prune(os.path.join(cfg.out_dir, "checkpoints"), cfg.keep_checkpoints, state.step)
     return path
 
 
 def begin(cfg, comm, ctx):
-    """The run's config.yaml, the learner, the weight transport and the state (from the checkpoint on resume)."""
+    """The run's config.yaml, the learner, the weight transport and the state (from the checkpoint on resume), as
+    the Run the loop works with."""
     os.makedirs(os.path.join(cfg.out_dir, "checkpoints"), exist_ok=True)
     with open(os.path.join(cfg.out_dir, "config.yaml"), "w") as f:
         yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
@@ -253,68 +271,68 @@ def begin(cfg, comm, ctx):
         print(f"resumed from {ctx.resume} (step {state.step}, buffer {len(state.buffer)} samples)", flush=True)
     if not state.delay.versions:  # weight_delay: the start weights (a resumed run has its last D + 1 versions)
         state.delay.keep(state.step, state.model)
-    return learner, transport, state
+    return Run(cfg, comm, transport, learner, state, ctx.tok, failures.catch_signals())
 
 
 def run(cfg, comm, ctx):
-    learner, transport, state = begin(cfg, comm, ctx)
+    run = begin(cfg, comm, ctx)
+    state = run.state
     start = state.step
     log = runlog.Logger(cfg.out_dir, start)
-    signalled = failures.catch_signals()
     row = {}  # the metrics of the step being run
     try:
         # start: the checkpoint's weights to the searchers (they wait for them), or the start-of-run evaluation
         flags = sync.flags_for(cfg, start, state.ref_version) if ctx.resume else Flag.EVAL
-        row = runlog.joined(gather(cfg, comm, state, start, flags),
-                            push(cfg, comm, transport, state, learner, start, flags))
+        row = runlog.joined(gather(run, start, flags), push(run, start, flags))
         if not ctx.resume:
             state.eval_start = dict(state.last_eval)
             log.log(0, row)
             state.timers.eval_s = 0.0  # counts evaluation inside the training loop only
         while cfg.asynchronous and len(state.buffer) < cfg.initial_buffer:  # rounds that only gather
-            gather(cfg, comm, state, start, Flag.NONE)
+            gather(run, start, Flag.NONE)
         state.timers.start_loop()
         saved_at = time.monotonic()  # save_minutes counts from here
         pbar = tqdm(range(start + 1, cfg.steps + 1), initial=start, total=cfg.steps, disable=not cfg.progress,
                     desc="train", dynamic_ncols=True)
         for step in pbar:
-            row, last = one_step(cfg, comm, transport, state, learner, step, signalled)
+            row, last = one_step(run, step)
             log.log(step, row)
             pbar.set_postfix(loss=f"{row['train/loss']:.3g}", reward=f"{row['train/reward_mean']:.2f}",
                              acc=f"{state.last_eval.get('accuracy', float('nan')):.3f}")
-            stop = failures.stop_reason(cfg, state, signalled, row)
+            stop = failures.stop_reason(cfg, state, run.signalled, row)
             if stop:
                 raise stop
             if not last and (cfg.save_every and step % cfg.save_every == 0
                              or cfg.save_minutes and time.monotonic() - saved_at > 60 * cfg.save_minutes):
-                save(cfg, state, ctx.tok)
+                save(run)
                 saved_at = time.monotonic()
             if last:
                 break
     except Exception as e:  # a Stop, or a bug, a bad sample, an OOM, a full disk (failures.as_stop)
         stop = failures.as_stop(e, cfg.out_dir, state.step + 1)
-        end_stopped(cfg, comm, transport, state, ctx.tok, log, stop, start, signalled, row)
-    transport.close()
-    save(cfg, state, ctx.tok, "final")
+        end_stopped(run, log, stop, start, row)
+    run.transport.close()
+    save(run, "final")
     state.group.close()
     runlog.write_summary(cfg, state, row, ctx.resume)
     log.close()
     runlog.say_done(cfg, state)
 
 
-def end_stopped(cfg, comm, transport, state, tok, log, stop, start, signalled, row):
+def end_stopped(run, log, stop, start, row):
     """A stopped run: its last step's row logged, a checkpoint when every trainer rank can take part, the line that
     says why, and the exit code (failures.reason)."""
-    line, code = failures.reason(comm, state.step, signalled, stop)
+    cfg, state = run.cfg, run.state
+    line, code = failures.reason(run.comm, state.step, run.signalled, stop)
     if state.step > log.last_step:  # the step trained but its round failed: its row still goes in the log
         log.log(state.step, row)
-    transport.close(failed=True)
-    every_rank = failures.trainers_alive(comm, state.group)
+    run.transport.close(failed=True)
+    every_rank = failures.trainers_alive(run.comm, state.group)
     if state.step <= start:
         saved = "no new step to save"
     elif every_rank:
         try:
-            saved = f"checkpoint {save(cfg, state, tok)}"
+            saved = f"checkpoint {save(run)}"
         except Exception as e:  # a full disk, a trainer rank gone mid-save
             saved = f"no checkpoint: saving failed ({type(e).__name__}: {failures.first_line(e)})"
     else:

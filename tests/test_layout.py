@@ -64,3 +64,29 @@ def test_find_cycle_sees_a_circle_through_a_function_import(tmp_path):
     assert graph["a"] == ["b"] and find_cycle(graph) == ["a", "b", "c", "a"]
     (tmp_path / "c.py").write_text("import rewards\n")
     assert find_cycle(project_imports(str(tmp_path))) is None
+
+
+def wide_functions(path, most=5):
+    """'name (n parameters)' for each function in the file at `path` taking more than `most` (self not counted)."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            args = node.args
+            names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs if a.arg != "self"]
+            if len(names) > most:
+                found.append(f"{node.name} ({len(names)} parameters)")
+    return found
+
+
+def test_the_loop_passes_one_run_not_five_things():
+    """trainer.py: the loop's functions take the Run begin() makes, never cfg, comm, transport, state and learner
+    one by one (a reader follows one object, and a new part of the loop does not widen every signature)."""
+    assert wide_functions(os.path.join(ROOT, "trainer.py")) == []
+
+
+def test_wide_functions_counts_parameters(tmp_path):
+    (tmp_path / "m.py").write_text("def f(a, b, c, d, e, g=1):\n    pass\n\nclass C:\n"
+                                   "    def h(self, a, b, c, d, *, e):\n        pass\n")
+    assert wide_functions(str(tmp_path / "m.py")) == ["f (6 parameters)"]

@@ -1,5 +1,4 @@
 """Surviving long runs: resume after a kill, dead and stuck searchers, non-finite updates, interrupted saves."""
-import collections
 import dataclasses
 import json
 import os
@@ -172,14 +171,14 @@ def test_weights_that_are_not_finite_are_never_saved_nor_pushed(tiny_model, tmp_
     model = load_model(tiny_model, "float32", "cpu")
     state = types.SimpleNamespace(model=model, step=7, group=types.SimpleNamespace(size=1),
                                   delay=types.SimpleNamespace(weights_for=lambda step: (step, None)))
-    cfg = Config(out_dir=str(tmp_path))
+    run = trainer.Run(Config(out_dir=str(tmp_path)), None, None, None, state, None, [])
     with torch.no_grad():
         next(model.parameters())[0, 0] = float("inf")
     with pytest.raises(Stop, match="weights after step 7 are not finite: not saved") as e:
-        trainer.save(cfg, state, None)
+        trainer.save(run)
     assert not e.value.retry and not os.path.exists(tmp_path / "checkpoints")
     with pytest.raises(Stop, match="not finite: not pushed"):
-        trainer.push(cfg, None, None, state, None, 7, sync.Flag.WEIGHTS)
+        trainer.push(run, 7, sync.Flag.WEIGHTS)
 
 
 def test_checkpoints_by_the_clock(tiny_model, tmp_path):
@@ -345,7 +344,7 @@ def test_rewards_that_hang_are_cut_off_and_rewards_that_keep_failing_stop_the_ru
     assert [rows[s]["search/reward_timeouts"] for s in range(1, 7)] == [0, 2, 0, 2, 0, 0]
     assert [rows[s]["search/reward_errors"] for s in range(1, 7)] == [0, 2, 0, 2, 64, 64]
     line = [x for x in output.splitlines() if x.startswith("error: the task's rewards keep failing")]
-    assert line and "130 of the latest 256 raised or timed out" in line[0], output[-3000:]
+    assert line and "130 of the latest 256 raised, timed out or were not finite" in line[0], output[-3000:]
     assert "checkpoint " in line[0] and os.path.isdir(os.path.join(out, "checkpoints", "step_6"))
     assert open(os.path.join(out, failures.FINAL)).read().startswith("1 error: the task's rewards keep failing")
 
@@ -365,9 +364,11 @@ class SilentSearchers:
         return [None] + [sync.Report([], 0, 0.0, 0, 0, None)] * 2
 
 
-def waiting_state():
-    return types.SimpleNamespace(buffer=ReplayBuffer(Config()), trained=64, generated=32, step=5, places={},
-                                 timers=runlog.Timers(), bad_in_a_row=0, reward_rounds=collections.deque())
+def waiting(cfg, comm, signalled=()):
+    """A Run whose rank 0 has trained twice what the searchers generated, as max_reuse = 2 would not allow."""
+    state = types.SimpleNamespace(buffer=ReplayBuffer(Config()), trained=64, generated=32, step=5, places={},
+                                  timers=runlog.Timers(), bad_in_a_row=0, rewards=failures.RewardWindow(0.5))
+    return trainer.Run(cfg, comm, None, None, state, None, list(signalled))
 
 
 def test_waiting_for_fresh_samples_ends_on_silence_a_signal_or_the_time_budget():
@@ -376,15 +377,14 @@ def test_waiting_for_fresh_samples_ends_on_silence_a_signal_or_the_time_budget()
     cfg = Config(max_reuse=2, timeout_s=1)
     comm, t0 = SilentSearchers(), time.perf_counter()
     with pytest.raises(Stop, match="sent no sample for timeout_s = 1 s"):
-        trainer.wait_for_fresh(cfg, comm, waiting_state(), [])
+        trainer.wait_for_fresh(waiting(cfg, comm))
     assert 1 <= time.perf_counter() - t0 < 10 and comm.rounds > 10
     with pytest.raises(Stop) as e:
-        trainer.wait_for_fresh(cfg, SilentSearchers(), waiting_state(), ["SIGTERM"])
+        trainer.wait_for_fresh(waiting(cfg, SilentSearchers(), ["SIGTERM"]))
     assert e.value.code == 128 + signal.SIGTERM
-    state = waiting_state()
-    state.timers.t_start -= 120  # two minutes into a run with a one-minute budget
-    assert trainer.wait_for_fresh(Config(max_reuse=2, time_budget_min=1), SilentSearchers(), state, [])[
-        "sync/reuse_wait_rounds"] == 0
+    run = waiting(Config(max_reuse=2, time_budget_min=1), SilentSearchers())
+    run.state.timers.t_start -= 120  # two minutes into a run with a one-minute budget
+    assert trainer.wait_for_fresh(run)["sync/reuse_wait_rounds"] == 0
 
 
 def test_only_non_finite_updates_stop_the_run_with_a_usable_checkpoint(tiny_model, tmp_path):
@@ -639,3 +639,22 @@ def test_the_resume_contract_is_written_and_checked_in_one_place(tmp_path):
         with pytest.raises(ConfigError, match=message) as e:
             checkpoint.find_resume(Config(**{**base, **changed}))
         assert "\n" not in str(e.value)
+
+
+def test_the_reward_window_judges_the_latest_rounds_that_hold_256_rewards():
+    """max_reward_errors: one object adds each round's counts and gives the verdict, over the fewest latest rounds
+    that hold 256 rewards, never fewer (a bad first round of 64 does not stop a run)."""
+    window = failures.RewardWindow(0.5)
+    window.add(64, 64)
+    assert window.verdict() is None  # 64 rewards: too few to judge
+    for _ in range(3):
+        window.add(64, 0)
+    assert window.verdict() is None  # 64 of 256 failed
+    window.add(64, 64)  # the first round leaves the window: still 64 of 256
+    assert [n for n, _ in window.rounds] == [64] * 4 and window.verdict() is None
+    window.add(0, 0)  # a round with no sample changes nothing
+    for _ in range(2):
+        window.add(64, 64)
+    assert window.verdict() == ("the task's rewards keep failing: 192 of the latest 256 raised, timed out or were not "
+                                "finite (max_reward_errors = 0.5; the warnings above say why)")
+    assert failures.RewardWindow(1.0).verdict() is None
