@@ -12,7 +12,7 @@ import torch
 import checkpoint
 import sync
 import trainer_group
-from losses import NEEDS_LOGP, beta_at, get_loss, masked, whole_share
+from losses import NEEDS_LOGP, beta_at, get_loss, masked, share_values
 from policy import ModelError, decoder_layers, encode_prompt, load_model, token_batches, trim_at_eos
 from trainer_group import Command
 
@@ -63,18 +63,18 @@ class Learner:
         self.loss_fn = get_loss(cfg.loss)
 
     # ------------------------------------------------------------ one optimizer step
-    def micro_batch(self, part, beta):
-        """The loss's input (losses.py documents the keys) for `part`, a list of (group id, Sample) of whole
-        prompts."""
-        samples = [s for _, s in part]
+    def loss_input(self, items, beta):
+        """The loss's input (losses.py documents the keys) for one micro-batch: `items`, its (group id, Sample)
+        pairs."""
+        samples = [s for _, s in items]
         logp, mask = self.group.logprobs([self.prompts[s.prompt_id] for s in samples], [s.response for s in samples],
                                          self.cfg.temperature)
         return dict(logp=logp.float(), mask=mask, logp_behav=padded([s.logp_behav for s in samples], logp),
                     logp_ref=padded([s.logp_ref for s in samples], logp), beta=beta,
                     reward=torch.tensor([s.reward for s in samples], device=logp.device),
-                    group=torch.tensor([g for g, _ in part], device=logp.device))
+                    group=torch.tensor([g for g, _ in items], device=logp.device))
 
-    def parts(self, share):
+    def micro_batches(self, share):
         """The micro-batches of `share`, as lists of its indices: micro_batch samples each, in order (0 = K: one
         prompt each); or with micro_tokens, the samples by length, packed while count x longest (prompt + response)
         stays within micro_tokens, so that a long-tail batch pads little and a micro-batch's memory is bounded."""
@@ -82,29 +82,30 @@ class Learner:
         if cfg.micro_tokens:
             length = [len(self.prompts[s.prompt_id]) + len(s.response) for _, s in share]
             order = sorted(range(len(share)), key=length.__getitem__)
-            return [[order[j] for j in batch] for batch in token_batches([length[i] for i in order], cfg.micro_tokens)]
+            packed = token_batches([length[i] for i in order], cfg.micro_tokens)
+            return [[order[j] for j in index] for index in packed]
         per_mb = cfg.micro_batch or cfg.K
         return [list(range(start, min(start + per_mb, len(share)))) for start in range(0, len(share), per_mb)]
 
-    def whole_share(self, share, beta, parts):
+    def share_values(self, share, beta, micro_batches):
         """micro_batch not a multiple of K, or micro_tokens (a prompt's samples span micro-batches): the per-sample
-        sequence values of this rank's whole share that the losses take group statistics over (losses.whole_share),
-        in share order; the policy's log-probs without gradient, one pass over the share's `parts`, for the losses
-        that need them (losses.NEEDS_LOGP)."""
+        sequence values of this rank's whole share that the losses take group statistics over (losses.share_values),
+        in share order; the policy's log-probs without gradient, one pass over the share's `micro_batches`, for the
+        losses that need them (losses.NEEDS_LOGP)."""
         samples = [s for _, s in share]
         device = next(self.model.parameters()).device
-        whole = dict(reward=torch.tensor([s.reward for s in samples], device=device),
+        values = dict(reward=torch.tensor([s.reward for s in samples], device=device),
                      group=torch.tensor([g for g, _ in share], device=device),
                      logp_ref=torch.tensor([float(s.logp_ref.sum()) for s in samples], device=device),
                      logp_behav=torch.tensor([float(s.logp_behav.sum()) for s in samples], device=device))
-        if self.cfg.loss in NEEDS_LOGP:  # each part's own values, as a whole-prompt micro-batch computes them
+        if self.cfg.loss in NEEDS_LOGP:  # each micro-batch's own values, as a whole-prompt micro-batch computes them
             with torch.no_grad():
-                own = [whole_share(self.micro_batch([share[i] for i in rows], beta))[0] for rows in parts]
-            order = torch.tensor([i for rows in parts for i in rows], device=device).argsort()
-            whole.update({k: torch.cat([values[k] for values in own])[order] for k in ("logp", "kl")})
-        return whole
+                own = [share_values(self.loss_input([share[i] for i in index], beta))[0] for index in micro_batches]
+            order = torch.tensor([i for index in micro_batches for i in index], device=device).argsort()
+            values.update({k: torch.cat([mb[k] for mb in own])[order] for k in ("logp", "kl")})
+        return values
 
-    def update(self, share, totals, step):
+    def optimizer_step(self, share, totals, step):
         """The optimizer step of trainer step `step` on `share`, this rank's whole prompts of the batch (all of it
         with T = 1). The loss is the mean over the share; FSDP / DDP average the gradients over the ranks' equal
         shares, so the update is the whole batch's mean (`totals` are the whole batch's counts, for the losses
@@ -114,18 +115,18 @@ class Learner:
         lr = lr_at(step, cfg.lr, cfg.lr_schedule, cfg.warmup_steps, cfg.stable_steps, cfg.decay_steps, cfg.steps)
         for param_group in opt.param_groups:
             param_group["lr"] = lr
-        parts = self.parts(share)
+        micro_batches = self.micro_batches(share)
         # a micro-batch of whole prompts computes its group statistics itself; otherwise from the whole share first
-        whole = None if cfg.micro_batch % cfg.K == 0 and not cfg.micro_tokens else self.whole_share(share, beta, parts)
+        whole = cfg.micro_batch % cfg.K == 0 and not cfg.micro_tokens
+        values = None if whole else self.share_values(share, beta, micro_batches)
         opt.zero_grad(set_to_none=True)
-        sums = {}  # each micro-batch's values weighted by its share of the samples
-        for rows in parts:
-            part = [share[i] for i in rows]
-            mb = dict(self.micro_batch(part, beta), **totals)
-            if whole is not None:
-                mb.update(whole=whole, rows=torch.tensor(rows, device=whole["reward"].device))
+        sums = {}  # each micro-batch's values weighted by its fraction of the samples
+        for index in micro_batches:
+            mb = dict(self.loss_input([share[i] for i in index], beta), **totals)
+            if values is not None:
+                mb.update(share=values, index=torch.tensor(index, device=values["reward"].device))
             loss, metrics = self.loss_fn(mb, cfg)
-            w = len(part) / len(share)
+            w = len(index) / len(share)
             (loss * w).backward()
             seq = {k: masked(mb[k].detach(), mb["mask"]).sum(1).mean().item()
                    for k in ("logp", "logp_ref", "logp_behav")}
@@ -144,15 +145,15 @@ class Learner:
 
     def train(self, batch, step):
         """Rank 0: one optimizer step on `batch` (buffer draws, each one prompt's K samples), the ranks 1..T-1 each
-        taking their share. Returns (the (group id, Sample) list trained on, the Update)."""
-        flat = [(gid, s) for gid, draw in enumerate(batch) for s in draw.samples]  # group id: the draw (Eq. 5)
-        totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
+        taking their share. Returns (the (group id, Sample) items trained on, the Update)."""
+        items = [(gid, s) for gid, draw in enumerate(batch) for s in draw.samples]  # group id: the draw (Eq. 5)
+        totals = dict(batch_tokens=sum(len(s.response) for _, s in items), batch_samples=len(items))
         with self.group.collectives():
-            share = self.group.tell(Command.STEP, (totals, step), self.group.split(flat))
-            done = self.update(share, totals, step)
+            share = self.group.tell(Command.STEP, (totals, step), self.group.split(items))
+            update = self.optimizer_step(share, totals, step)
         if next(self.model.parameters()).is_cuda:
             torch.cuda.synchronize()
-        return flat, done
+        return items, update
 
     # ------------------------------------------------------------ the probe (check_sync)
     @torch.no_grad()
@@ -175,17 +176,17 @@ class Learner:
         return trim_at_eos(out[0, ids.shape[1]:].tolist(), self.tok.eos_token_id)
 
     # ------------------------------------------------------------ the step's metrics
-    def metrics(self, batch, flat, done, step, seconds):
+    def metrics(self, batch, items, update, step, seconds):
         """The metrics row of trainer step `step`: the loss and its terms, the batch, staleness and speed."""
-        samples = [s for _, s in flat]
+        samples = [s for _, s in items]
         n = len(samples)
         tokens = sum(len(self.prompts[s.prompt_id]) + len(s.response) for s in samples)
         # updates between the (oldest, for a sample that spans an in-flight weight update) sampling weights and these
         stale = [step - 1 - s.version_first for s in samples]
-        sums = done.sums
+        sums = update.sums
         row = {f"train/{k}": v for k, v in sums.items() if k not in ("logp_ref", "logp_behav")}
-        row.update({"train/skipped": int(not done.finite), "train/beta": done.beta, "train/lr": done.lr,
-                    "train/grad_norm": float(done.grad_norm),
+        row.update({"train/skipped": int(not update.finite), "train/beta": update.beta, "train/lr": update.lr,
+                    "train/grad_norm": float(update.grad_norm),
                     "train/reward_mean": sum(s.reward for s in samples) / n,
                     "train/accuracy": sum(s.reward >= 1.0 for s in samples) / n,
                     "train/kl_seq": sums["logp"] - sums["logp_ref"],

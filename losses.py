@@ -13,10 +13,10 @@ Every loss has the same signature, `fn(batch, cfg) -> (loss, metrics)`, on one m
     batch["batch_tokens"]  int    response tokens in the whole optimizer batch, all micro-batches together
                                   (Learner.train); absent: this micro-batch's own count
     batch["batch_samples"] int    samples in the whole optimizer batch; absent: N
-    batch["whole"], batch["rows"]  only with micro_batch not a multiple of K, where a prompt's samples span several
+    batch["share"], batch["index"]  only with micro_batch not a multiple of K, where a prompt's samples span several
                            micro-batches: per-sample values of this rank's whole share of the batch (dict: reward,
                            group, logp_ref, logp_behav, sequence sums; logp and kl, without gradient, for the losses in
-                           NEEDS_LOGP) and this micro-batch's rows in it. whole_share() hands a built-in loss its
+                           NEEDS_LOGP) and this micro-batch's indices in it. share_values() hands a built-in loss its
                            group statistics from there; a loss of your own gets whole prompts (config refuses the rest)
 Log-probs use logits / temperature (paper section 3). `loss` is the MEAN over the N samples of a per-sample objective
 (the trainer weights micro-batches by N / batch_samples, so the optimiser sees the mean over the whole batch however
@@ -71,17 +71,17 @@ SPLITS = ("tb", "grpo", "dr_grpo", "rloo", "tba_prime", "prime_ratio", "online_d
 NEEDS_LOGP = ("tb", "tba_prime", "online_dpo")  # their statistics need the policy's log-probs: a no-grad pass first
 
 
-def whole_share(batch):
-    """(values, rows): the per-sample sequence values a loss takes group statistics over, and this micro-batch's rows
-    in them. With whole prompts (the default) the micro-batch itself; with micro-batches below K, the trainer's
-    values over its whole share (batch["whole"]), so each group statistic is the whole prompt's. Statistics of the
+def share_values(batch):
+    """(values, index): the per-sample sequence values a loss takes group statistics over, and this micro-batch's
+    indices in them. With whole prompts (the default) the micro-batch itself; with micro-batches below K, the trainer's
+    values over its whole share (batch["share"]), so each group statistic is the whole prompt's. Statistics of the
     rewards and the searchers' log-probs need no forward; log Z (tb) and the centred KL (tba_prime) take the policy's
     log-probs WITHOUT gradient in either case (the default path detaches them too), so the gradient is the same
     however the batch is split: e.g. for VarGrad, d/dtheta sum_j (delta_j - mean delta)^2 = 2 sum_j (delta_j - mean
     delta) d delta_j, since sum_j (delta_j - mean delta) = 0 kills the mean's own gradient. online_dpo splits a pair
     through its gradient coefficients (_dpo_split); m2po does not split (its trust region is per micro-batch)."""
-    if "whole" in batch:
-        return batch["whole"], batch["rows"]
+    if "share" in batch:
+        return batch["share"], batch["index"]
     mask = batch["mask"]
     logp = batch["logp"].detach()
     return dict(reward=batch["reward"], group=batch["group"], logp=seq_sum(logp, mask),
@@ -143,14 +143,14 @@ def tb_loss(logp, logp_ref, reward, beta, group_ids):
 
 def tb_batch_loss(batch, cfg):
     """Trajectory Balance (paper Eq. 5): tb_loss on the sequence sums of logp and logp_ref over response tokens, its
-    log Z over the prompt's samples however the batch is split (whole_share). Needs no importance weight: TB is
+    log Z over the prompt's samples however the batch is split (share_values). Needs no importance weight: TB is
     off-policy by construction (paper section 3.1)."""
     mask, beta = batch["mask"], batch["beta"]
     logp, logp_ref = seq_sum(batch["logp"], mask), seq_sum(batch["logp_ref"], mask)
     reward = batch["reward"].to(logp.dtype)
-    whole, rows = whole_share(batch)  # log Z over the prompt's samples (all of them, wherever they are)
-    log_z = vargrad_log_z(whole["logp"], whole["logp_ref"], whole["reward"].to(logp.dtype), beta, whole["group"])
-    log_z = log_z[rows]
+    share, index = share_values(batch)  # log Z over the prompt's samples (all of them, wherever they are)
+    log_z = vargrad_log_z(share["logp"], share["logp_ref"], share["reward"].to(logp.dtype), beta, share["group"])
+    log_z = log_z[index]
     return ((log_z + logp - logp_ref - reward / beta) ** 2).mean(), {"log_z": log_z.mean().item()}
 
 
@@ -169,8 +169,8 @@ def grpo_loss(batch, cfg):
     Metrics: clip_fraction (response tokens that take the clipped term; TRL17 lines 1236-1242), kl_k3 (mean k3).
     """
     mask, logp = batch["mask"], batch["logp"]
-    whole, rows = whole_share(batch)
-    adv = grpo_advantage(whole["reward"].to(logp.dtype), whole["group"], 1e-4)[rows].unsqueeze(1)
+    share, index = share_values(batch)
+    adv = grpo_advantage(share["reward"].to(logp.dtype), share["group"], 1e-4)[index].unsqueeze(1)
     surrogate, clipped = ppo_clip(torch.exp(masked(logp - batch["logp_behav"], mask)), adv, cfg.clip_eps)
     log_r = masked(batch["logp_ref"] - logp, mask)
     k3 = torch.exp(log_r) - log_r - 1
@@ -191,9 +191,9 @@ def dr_grpo_loss(batch, cfg):
     Metric: clip_fraction. The TBA paper's Fig. 6 "Dr. GRPO" is a different loss, PRIME-RL's: prime_ratio_loss.
     """
     mask, logp = batch["mask"], batch["logp"]
-    whole, rows = whole_share(batch)
-    r = whole["reward"].to(logp.dtype)
-    adv = (r - group_mean(r, whole["group"]))[rows].unsqueeze(1)
+    share, index = share_values(batch)
+    r = share["reward"].to(logp.dtype)
+    adv = (r - group_mean(r, share["group"]))[index].unsqueeze(1)
     surrogate, clipped = ppo_clip(torch.exp(masked(logp - batch["logp_behav"], mask)), adv, cfg.clip_eps)
     loss = normalise(masked(surrogate, mask), mask, "constant", batch, cfg)
     return loss, {"clip_fraction": (clipped & mask).sum().item() / mask.sum().clamp(min=1).item()}
@@ -217,9 +217,9 @@ def _prime_ratio(batch, cfg, adv):
 def prime_ratio_loss(batch, cfg):
     """The TBA paper's Fig. 6 "Dr. GRPO" (section 6): PRIME-RL's ratio loss with the Dr. GRPO advantage
     A_i = r_i - mean_g r (no std division; PrimeIntellect-ai/prime-rl issue #1235). Formula: _prime_ratio."""
-    whole, rows = whole_share(batch)
-    r = whole["reward"].to(batch["logp"].dtype)
-    return _prime_ratio(batch, cfg, (r - group_mean(r, whole["group"]))[rows])
+    share, index = share_values(batch)
+    r = share["reward"].to(batch["logp"].dtype)
+    return _prime_ratio(batch, cfg, (r - group_mean(r, share["group"]))[index])
 
 
 def tba_prime_loss(batch, cfg):
@@ -230,10 +230,10 @@ def tba_prime_loss(batch, cfg):
     loss = mean_i sum_t l_t / max_new_tokens.
     With beta = 0 this is exactly prime_ratio_loss, in value and gradient.
     """
-    whole, rows = whole_share(batch)
-    groups, r, kl = whole["group"], whole["reward"].to(batch["logp"].dtype), whole["kl"].to(batch["logp"].dtype)
+    share, index = share_values(batch)
+    groups, r, kl = share["group"], share["reward"].to(batch["logp"].dtype), share["kl"].to(batch["logp"].dtype)
     adv = (r - group_mean(r, groups)) - batch["beta"] * (kl - group_mean(kl, groups))
-    return _prime_ratio(batch, cfg, adv[rows])
+    return _prime_ratio(batch, cfg, adv[index])
 
 
 def rloo_loss(batch, cfg):
@@ -251,12 +251,12 @@ def rloo_loss(batch, cfg):
     mask, logp = batch["mask"], batch["logp"]
     behav = seq_sum(batch["logp_behav"], mask)
     kl = behav - seq_sum(batch["logp_ref"], mask)
-    whole, rows = whole_share(batch)  # the leave-one-out baseline over the prompt's samples, wherever they are
-    groups = whole["group"]
-    shaped = whole["reward"].to(logp.dtype) - batch["beta"] * (whole["logp_behav"] - whole["logp_ref"]).to(logp.dtype)
+    share, index = share_values(batch)  # the leave-one-out baseline over the prompt's samples, wherever they are
+    groups = share["group"]
+    shaped = share["reward"].to(logp.dtype) - batch["beta"] * (share["logp_behav"] - share["logp_ref"]).to(logp.dtype)
     n = group_count(groups).to(logp.dtype)
     adv = torch.where(n > 1, n / (n - 1).clamp(min=1) * (shaped - group_mean(shaped, groups)),
-                      torch.zeros_like(shaped))[rows]
+                      torch.zeros_like(shaped))[index]
     loss, clipped = ppo_clip(torch.exp(seq_sum(logp, mask) - behav), adv, cfg.clip_eps)
     return loss.mean(), {"clip_fraction": clipped.float().mean().item(), "kl_penalty": kl.mean().item()}
 
@@ -266,13 +266,13 @@ def dpo_pairs(reward, group_ids, rule):
     and the number of responses the pair stands for (best_worst: the prompt's n_g; adjacent: 2)."""
     pairs = []
     for gid in torch.unique(group_ids).tolist():
-        rows = (group_ids == gid).nonzero(as_tuple=True)[0].tolist()  # the prompt's responses in batch order
-        rs = [float(reward[i]) for i in rows]
-        if rule == "best_worst" and len(rows) > 1:
+        members = (group_ids == gid).nonzero(as_tuple=True)[0].tolist()  # the prompt's responses in batch order
+        rs = [float(reward[i]) for i in members]
+        if rule == "best_worst" and len(members) > 1:
             hi, lo = rs.index(max(rs)), rs.index(min(rs))  # the first one on equal rewards; hi == lo if all tie
-            pairs.append((rows[min(hi, lo)], rows[max(hi, lo)], len(rows)))
+            pairs.append((members[min(hi, lo)], members[max(hi, lo)], len(members)))
         elif rule == "adjacent":
-            pairs += [(rows[j], rows[j + 1], 2) for j in range(0, len(rows) - 1, 2)]
+            pairs += [(members[j], members[j + 1], 2) for j in range(0, len(members) - 1, 2)]
     return pairs
 
 
@@ -298,7 +298,7 @@ def online_dpo_loss(batch, cfg):
     """
     mask, logp, r = batch["mask"], batch["logp"], batch["reward"]
     log_ratio = seq_sum(logp, mask) - seq_sum(batch["logp_ref"], mask)  # S - Ref per response
-    if "whole" in batch:  # micro_batch below K: a pair's two responses may sit in different micro-batches
+    if "share" in batch:  # micro_batch below K: a pair's two responses may sit in different micro-batches
         return _dpo_split(batch, cfg, log_ratio)
     pairs = dpo_pairs(r, batch["group"], cfg.dpo_pairs)
     terms, tied = [], 0
@@ -316,17 +316,18 @@ def online_dpo_loss(batch, cfg):
 
 def _dpo_split(batch, cfg, log_ratio):
     """online_dpo_loss on part of the share: the pairs and their z come from the whole share's log-probs, taken
-    without gradient (batch["whole"]); each response in this micro-batch carries its pair's gradient through
+    without gradient (batch["share"]); each response in this micro-batch carries its pair's gradient through
     g (x - sg x), g = dl/dx at those values (-dpo_beta sigmoid(-z) weight for the chosen, + for the rejected), and
     each pair's value is counted once, in the micro-batch of its chosen response. Weighted by N / batch_samples the
     micro-batches sum to the whole batch's loss and gradient."""
-    whole, rows = batch["whole"], batch["rows"]
-    local, n = {int(i): j for j, i in enumerate(rows.tolist())}, log_ratio.shape[0]  # share row -> micro-batch row
-    x = (whole["logp"] - whole["logp_ref"]).to(log_ratio.dtype)
-    pairs = dpo_pairs(whole["reward"], whole["group"], cfg.dpo_pairs)
+    share, index = batch["share"], batch["index"]
+    # a response's position in the share -> its position in this micro-batch
+    local, n = {int(i): j for j, i in enumerate(index.tolist())}, log_ratio.shape[0]
+    x = (share["logp"] - share["logp_ref"]).to(log_ratio.dtype)
+    pairs = dpo_pairs(share["reward"], share["group"], cfg.dpo_pairs)
     total, tied = 0.0 * log_ratio.sum(), 0
     for a, b, weight in pairs:
-        ra, rb = whole["reward"][a], whole["reward"][b]
+        ra, rb = share["reward"][a], share["reward"][b]
         if not bool(ra != rb):
             tied += 1
             continue

@@ -112,15 +112,15 @@ def train_step(run, step):
     cfg, state, learner = run.cfg, run.state, run.learner
     t0 = time.perf_counter()
     batch = state.buffer.sample(cfg.B, cfg.K)
-    flat, done = learner.train(batch, step)
-    state.skipped += not done.finite
-    state.trained += len(flat)
-    state.bad_in_a_row = 0 if done.finite else state.bad_in_a_row + 1
+    items, update = learner.train(batch, step)
+    state.skipped += not update.finite
+    state.trained += len(items)
+    state.bad_in_a_row = 0 if update.finite else state.bad_in_a_row + 1
     state.step = step
     state.delay.keep(step, state.model)
     seconds = time.perf_counter() - t0
     state.timers.train_s += seconds
-    row = learner.metrics(batch, flat, done, step, seconds)
+    row = learner.metrics(batch, items, update, step, seconds)
     row.update({"buffer/size": len(state.buffer), "buffer/prompts": len(state.buffer.items)})
     return row
 

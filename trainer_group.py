@@ -276,7 +276,7 @@ class Group:
 
 # A follower's side of each command: the same call rank 0 makes (or, for PARAMS, the reads of rank 0's weight push)
 FOLLOW = {
-    Command.STEP: lambda learner, arg, share: learner.update(share, *arg),
+    Command.STEP: lambda learner, arg, share: learner.optimizer_step(share, *arg),
     Command.PARAMS: lambda learner, arg, share: learner.group.assemble_params(),
     Command.STATE: lambda learner, arg, share: learner.group.gather_state(),
     Command.PROBE: lambda learner, arg, share: learner.probe(),

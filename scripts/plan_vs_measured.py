@@ -7,7 +7,7 @@ pass, for a random model of a given shape, each case in a fresh process.
 
 CPU: 12 layers, hidden 512, MLP 1376, 8 heads, vocab 32000, float32 (71M parameters), built here with random weights.
 Train step: token_logprobs + the TB loss + backward on n samples of 1024 tokens (a 32-token prompt + 992 response
-tokens), as Learner.update runs a micro-batch. Measured: the process's peak RSS during the step minus its RSS just
+tokens), as Learner.optimizer_step runs a micro-batch. Measured: the process's peak RSS during the step minus its RSS just
 before it (after a warm-up step on 2 short samples has allocated the gradients and AdamW states), against the plan's
 activations + LM-head chunk for the same shape, n and sequence. Searcher: policy.sequence_logprobs over 48 sequences
 of 1024 tokens at logprob_tokens 49152 (one pass) and 4096 (twelve passes), against the plan's no-grad forward.

@@ -28,11 +28,11 @@ def tiny_cfg(**kw):
 def trained(tiny_model, steps=2, **kw):
     """A LoRA learner on the tiny model after `steps` updates on a random batch (lr 1e-2: the adapters move)."""
     cfg = tiny_cfg(**{"lora_rank": 4, "lr": 1e-2, **kw})
-    prompts, flat, totals = random_batch(cfg, seed=0, rewards=3)
+    prompts, items, totals = random_batch(cfg, seed=0, rewards=3)
     model = checkpointing(policy_model(cfg, None, "cpu").train(), cfg)
     learner = Learner(cfg, None, prompts, model, FakeGroup(model))
     for step in range(1, steps + 1):
-        assert learner.update(flat, totals, step).finite
+        assert learner.optimizer_step(items, totals, step).finite
     return cfg, learner
 
 
@@ -77,9 +77,9 @@ def test_adapters_stay_float32_and_move_on_a_bfloat16_base(tiny_model):
     model = learner.model
     start = {n: p.detach().clone() for n, p in adapters(model).items()}
     base = {n: t.clone() for n, t in merged_weights(model).items()}
-    prompts, flat, totals = random_batch(cfg, seed=0, rewards=3)
+    prompts, items, totals = random_batch(cfg, seed=0, rewards=3)
     for step in range(1, 4):
-        assert learner.update(flat, totals, step).finite
+        assert learner.optimizer_step(items, totals, step).finite
     assert all(p.dtype == torch.float32 for p in adapters(model).values())
     assert all(v.dtype == torch.float32 for state in learner.opt.state.values() for v in state.values())
     for n, p in adapters(model).items():  # A's first step has no gradient (B = 0): two steps since

@@ -78,33 +78,33 @@ def test_every_loss_averaged_over_two_shares_is_the_whole_batchs(tiny_model, los
                               loss=loss, **extra)
     rng = np.random.default_rng(0)
     prompts = [[1] + rng.integers(4, 100, 5).tolist() for _ in range(cfg.B)]
-    flat = []
+    items = []
     for gid in range(cfg.B):
         for _ in range(cfg.K):
             n = int(rng.integers(2, 9))
-            flat.append((gid, Sample(gid, tuple(rng.integers(4, 100, n).tolist()), float(rng.integers(0, 2)),
+            items.append((gid, Sample(gid, tuple(rng.integers(4, 100, n).tolist()), float(rng.integers(0, 2)),
                                      -rng.random(n).astype(np.float32), -rng.random(n).astype(np.float32), 0, True)))
-    totals = dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
+    totals = dict(batch_tokens=sum(len(s.response) for _, s in items), batch_samples=len(items))
     model = load_model(tiny_model, "float32", "cpu")
     learner = Learner(cfg, None, prompts, model, FakeGroup(model))
     grads = []
-    for share in (flat, flat[: len(flat) // 2], flat[len(flat) // 2 :]):
+    for share in (items, items[: len(items) // 2], items[len(items) // 2 :]):
         learner.opt = Capture(model.parameters())
-        learner.update(share, totals, 1)
+        learner.optimizer_step(share, totals, 1)
         grads.append(learner.opt.grads)
     for whole, a, b in zip(*grads):  # float32 sums in another order: equal up to rounding
         assert (whole - (a + b) / 2).abs().max() <= 1e-5 * whole.abs().max(), loss
 
 
 def random_batch(cfg, seed, rewards):
-    """(prompts, flat, totals): B random prompts, K random responses each (2-8 tokens, integer rewards below
-    `rewards`, random behaviour and reference log-probs), as Learner.update takes them."""
+    """(prompts, items, totals): B random prompts, K random responses each (2-8 tokens, integer rewards below
+    `rewards`, random behaviour and reference log-probs), as Learner.optimizer_step takes them."""
     rng = np.random.default_rng(seed)
     prompts = [[1] + rng.integers(4, 100, 5).tolist() for _ in range(cfg.B)]
-    flat = [(gid, Sample(gid, tuple(rng.integers(4, 100, n).tolist()), float(rng.integers(0, rewards)),
+    items = [(gid, Sample(gid, tuple(rng.integers(4, 100, n).tolist()), float(rng.integers(0, rewards)),
                          -rng.random(n).astype(np.float32), -rng.random(n).astype(np.float32), 0, True))
             for gid in range(cfg.B) for n in rng.integers(2, 9, cfg.K).tolist()]
-    return prompts, flat, dict(batch_tokens=sum(len(s.response) for _, s in flat), batch_samples=len(flat))
+    return prompts, items, dict(batch_tokens=sum(len(s.response) for _, s in items), batch_samples=len(items))
 
 
 @pytest.mark.parametrize("loss, extra", [("tb", {}), ("grpo", {}), ("dr_grpo", {}), ("rloo", {}), ("tba_prime", {}),
@@ -113,10 +113,10 @@ def random_batch(cfg, seed, rewards):
 def test_micro_batches_below_k_give_the_whole_prompts_update(tiny_model, loss, extra):
     """micro_batch 3 with K = 4 (a prompt's samples over two or three micro-batches, 4 prompts in 6 calls) gives the
     same loss and gradient as whole-prompt micro-batches (float32, rel 1e-5): the group statistics come from the
-    whole share first (losses.whole_share)."""
+    whole share first (losses.share_values)."""
     cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=4,
                               loss=loss, beta_start=0.5, dpo_beta=0.5, **extra)
-    prompts, flat, totals = random_batch(cfg, seed=2, rewards=3)
+    prompts, items, totals = random_batch(cfg, seed=2, rewards=3)
     model = load_model(tiny_model, "float32", "cpu")
     runs = []
     for micro in (4, 3, 16):
@@ -125,8 +125,8 @@ def test_micro_batches_below_k_give_the_whole_prompts_update(tiny_model, loss, e
                                                                                                               r, t)
         learner = Learner(dataclasses.replace(cfg, micro_batch=micro), None, prompts, model, group)
         learner.opt = Capture(model.parameters())
-        done = learner.update(flat, totals, 1)
-        runs.append((done.sums["loss"], learner.opt.grads))
+        update = learner.optimizer_step(items, totals, 1)
+        runs.append((update.sums["loss"], learner.opt.grads))
         first = [(3, False)] * 5 + [(1, False)] if micro == 3 and loss in ("tb", "tba_prime", "online_dpo") else []
         assert sizes == first + {4: [(4, True)] * 4, 3: [(3, True)] * 5 + [(1, True)], 16: [(16, True)]}[micro]
     (loss_k, grads_k), *others = runs
@@ -142,7 +142,7 @@ def test_micro_batches_by_token_budget_give_the_whole_prompts_update(tiny_model,
     stays within 30 tokens; the same loss and gradient as whole-prompt micro-batches (float32, rel 1e-5)."""
     cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=4,
                               loss=loss, beta_start=0.5, dpo_beta=0.5)
-    prompts, flat, totals = random_batch(cfg, seed=3, rewards=3)
+    prompts, items, totals = random_batch(cfg, seed=3, rewards=3)
     model = load_model(tiny_model, "float32", "cpu")
     runs = []
     for budget in (0, 30):
@@ -151,8 +151,8 @@ def test_micro_batches_by_token_budget_give_the_whole_prompts_update(tiny_model,
             or token_logprobs(model, p, r, t)
         learner = Learner(dataclasses.replace(cfg, micro_tokens=budget), None, prompts, model, group)
         learner.opt = Capture(model.parameters())
-        done = learner.update(flat, totals, 1)
-        runs.append((done.sums["loss"], learner.opt.grads))
+        update = learner.optimizer_step(items, totals, 1)
+        runs.append((update.sums["loss"], learner.opt.grads))
         if budget:
             assert len(calls) >= 6 and max(calls) <= budget, calls  # several micro-batches, none over the budget
     (loss_a, grads_a), (loss_b, grads_b) = runs
@@ -165,7 +165,7 @@ def test_activation_checkpointing_leaves_the_update_unchanged(tiny_model):
     """grad_checkpointing=true recomputes every decoder layer in the backward pass: the same loss and gradient as
     without (float32, rel 1e-5), for a batch of several micro-batches."""
     cfg = dataclasses.replace(load_config(os.path.join(ROOT, "configs", "tiny.yaml")), B=4, K=4, micro_batch=8)
-    prompts, flat, totals = random_batch(cfg, seed=1, rewards=2)
+    prompts, items, totals = random_batch(cfg, seed=1, rewards=2)
     runs = []
     for on in (False, True):
         run_cfg = dataclasses.replace(cfg, grad_checkpointing=on)
@@ -175,8 +175,8 @@ def test_activation_checkpointing_leaves_the_update_unchanged(tiny_model):
         learner.opt = Capture(model.parameters())
         saved = []  # the tensors autograd keeps for the backward: the activations, unless recomputed
         with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
-            done = learner.update(flat, totals, 1)
-        runs.append((done.sums["loss"], learner.opt.grads, sum(saved)))
+            update = learner.optimizer_step(items, totals, 1)
+        runs.append((update.sums["loss"], learner.opt.grads, sum(saved)))
     (loss_off, grads_off, saved_off), (loss_on, grads_on, saved_on) = runs
     assert saved_on < saved_off / 2, (saved_on, saved_off)
     assert abs(loss_on - loss_off) <= 1e-5 * abs(loss_off)
