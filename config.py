@@ -75,7 +75,8 @@ class Config:
                                         "(search/reward_timeouts). The task's warm_up() has no limit; 0 = no limit",
                                   ge=0)
     max_reward_errors: float = key(0.5, "stop the run (one line, not restarted) when more than this fraction of the "
-                                        "last 256 rewards raised or timed out (1 = never)", ge=0, le=1)
+                                        "last 256 rewards raised, timed out or were not finite (1 = never)", ge=0,
+                                   le=1)
 
     section("training ranks (0..n_trainers-1; trainer_group.py)")
     n_trainers: int = key(1, "trainer ranks, which train one model together and take B / n_trainers prompts of "

@@ -55,7 +55,7 @@ class Report(NamedTuple):
     samples: list  # buffer.Sample: the trajectories generated since the last round
     tokens: int  # response tokens generated since the last round
     gen_s: float  # seconds spent generating and scoring them
-    reward_errors: int  # rewards that raised or timed out since the last round
+    reward_errors: int  # rewards that raised, timed out or were not finite since the last round
     reward_timeouts: int  # of those, the ones that timed out
     place: ShardPlace
 

@@ -15,7 +15,8 @@ that, and a task without them works exactly as above:
             one reward per completion of a generation chunk: prompt texts, decoded completions (special tokens
             skipped), the training records, and whether each completion ended with EOS. A call that raises (or
             returns the wrong number of rewards) gives every completion of the chunk reward 0, a warning and
-            search/reward_errors, never a crash (as reward() raising does per completion).
+            search/reward_errors, never a crash (as reward() raising does per completion); a reward in it that is
+            not finite counts as 0 and one in search/reward_errors, the chunk's others stay.
     make_evaluator(cfg, device) -> evaluator     replaces greedy accuracy at evaluation, built once per searcher
         evaluator.evaluate(engine, tok, records, max_new_tokens) -> (rows, totals)
             generates with the searcher's engine (engine.py) on its share of the test records, however it likes;
@@ -33,9 +34,11 @@ and one more optional hook for any task:
     warm_up() -> None                            called once per searcher before its first reward, without the time
                                                  limit below: start helper processes, load what the rewards need
 
-Time limit: every reward() call, every scorer.score() batch and every correct() at evaluation runs under
-reward_timeout_s (time_limit below); a call past it counts as a failed reward (0, search/reward_timeouts). A run whose
-rewards keep failing (more than max_reward_errors of the last REWARD_WINDOW) stops with one line (failures.py).
+Failed rewards: a reward that raises, runs past its time limit or is not finite (NaN, inf: `finite` below) counts as
+0, with a warning and search/reward_errors (searcher.score / score_batch), never a crash; one NaN in a batch would
+make the whole update's loss non-finite. Every reward() call, every scorer.score() batch and every correct() at
+evaluation runs under reward_timeout_s (time_limit below); a call past it also counts in search/reward_timeouts. A run
+whose rewards keep failing (more than max_reward_errors of the last REWARD_WINDOW) stops with one line (failures.py).
 
 hf.py holds the Hugging Face model helpers those two tasks share (it is not a task).
 """
@@ -47,6 +50,7 @@ import os
 import signal
 import sys
 import threading
+from math import isfinite  # not `import math`: rewards.math is the MATH task's module
 
 
 class DataError(Exception):
@@ -59,6 +63,20 @@ task_errors = {}  # what raised -> how many times, in this process
 class Timeout(BaseException):
     """A task's call ran past its time limit. A BaseException, so that a task's own `except Exception` cannot
     swallow it."""
+
+
+class NotFinite(ValueError):
+    """A task's reward that is NaN or infinite: a failed reward, as one that raises (searcher.score). Its message
+    says what the task returned, as warn_task_error prints it."""
+
+
+def finite(value):
+    """`value` as a float, or NotFinite when it is NaN or infinite: one such reward in a batch would make the whole
+    update's loss non-finite and skip it (learner.py), so it fails alone instead."""
+    value = float(value)
+    if not isfinite(value):
+        raise NotFinite(f"returned {value}, which is not finite,")
+    return value
 
 
 @contextlib.contextmanager
@@ -81,11 +99,13 @@ def time_limit(seconds):
 
 
 def warn_task_error(what, error, detail, consequence):
-    """A task's code raised (its reward, scorer or evaluator): a warning the first 3 times per `what`, then only
-    counted, so a run never ends and never floods its log because of a task."""
+    """A task's code raised (its reward, scorer or evaluator) or gave a reward that is not finite (NotFinite): a
+    warning the first 3 times per `what`, then only counted, so a run never ends and never floods its log because of
+    a task."""
     n = task_errors[what] = task_errors.get(what, 0) + 1
     if n <= 3:
-        print(f"warning: the {what} raised {type(error).__name__}: {error} on {detail}; {consequence}"
+        happened = str(error) if isinstance(error, NotFinite) else f"raised {type(error).__name__}: {error}"
+        print(f"warning: the {what} {happened} on {detail}; {consequence}"
               + (" (further ones are only counted)" if n == 3 else ""), file=sys.stderr, flush=True)
 
 

@@ -16,7 +16,8 @@ math-verify's own timeouts use signal.alarm, which works only in the main thread
 on first use, one check at a time) that is killed and replaced when a check takes longer than CHECK_TIMEOUT_S (sympy
 can take forever on inputs like 9^{9^{9}}). So reward() works from any thread or process, never hangs and never
 raises on any completion. The helper starts in warm_up() (a searcher calls it before its first reward, outside the
-reward time limit) or at the first check.
+reward time limit) or at the first check; the reward time limit (rewards.Timeout) that cuts a check or a start kills
+the helper, so that no late line of it is read as the next check's answer.
 """
 import atexit
 import functools
@@ -106,11 +107,12 @@ class Checker:
         self.proc, self.pid = None, None
 
     def start(self):
+        """A fresh helper, ready for checks (its "ready" line read); RuntimeError when it does not start."""
         env = dict(os.environ, PYTHONSAFEPATH="1",  # the helper imports rewards.math from ROOT, nothing from its cwd
                    PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+        self.pid = os.getpid()  # first: stop() kills only a helper of this process, also one cut while it starts
         self.proc = subprocess.Popen([sys.executable, "-c", "from rewards.math import serve; serve()"], cwd=ROOT,
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
-        self.pid = os.getpid()
         if self.read(START_TIMEOUT_S) != b"ready\n":
             self.stop()
             raise RuntimeError("the math-verify helper process did not start (pip install math-verify==0.9.0)")
@@ -121,6 +123,7 @@ class Checker:
         return self.proc.stdout.readline() if ready else None
 
     def stop(self):
+        """Kill this process's helper (not a forked parent's); the next check starts a fresh one."""
         if self.proc is not None and self.pid == os.getpid():
             self.proc.kill()
             self.proc.wait()
@@ -133,21 +136,27 @@ class Checker:
             self.start()
 
     def equal(self, pred, gold):
+        """Whether math-verify says `pred` equals `gold`; False when the helper is too slow or dies."""
         with self.lock:
-            self.ready()
             try:
-                self.proc.stdin.write(json.dumps([pred, gold]).encode() + b"\n")
-                self.proc.stdin.flush()
-                line = self.read(CHECK_TIMEOUT_S)
-            except OSError:  # the helper died
-                line = None
-            except BaseException:  # the caller's time limit (rewards.Timeout): its answer must not answer the next
-                self.stop()
+                self.ready()  # inside: the caller's time limit may cut the helper's start too
+                line = self.ask(pred, gold)
+            except BaseException:  # the caller's time limit (rewards.Timeout): a helper cut while it starts would
+                self.stop()  # later give its "ready" line, one cut in a check its late answer, as the next answer
                 raise
             if line not in (b"1\n", b"0\n"):  # too slow or dead: the next check starts a fresh helper
                 self.stop()
                 return False
             return line == b"1\n"
+
+    def ask(self, pred, gold):
+        """One check sent to the helper: its answer line, or None when the helper died or took too long."""
+        try:
+            self.proc.stdin.write(json.dumps([pred, gold]).encode() + b"\n")
+            self.proc.stdin.flush()
+            return self.read(CHECK_TIMEOUT_S)
+        except OSError:  # the helper died
+            return None
 
 
 _checker = Checker()

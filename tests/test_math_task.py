@@ -1,6 +1,7 @@
 """The MATH task (rewards/math.py): data, the math-verify reward (from any thread or process, on any text), a tiny run."""
 import json
 import multiprocessing
+import subprocess
 import threading
 import time
 
@@ -75,6 +76,25 @@ def test_the_framework_time_limit_never_leaves_a_stale_answer_for_the_next_check
     with pytest.raises(Timeout):
         with time_limit(0.5):
             task.reward("\\boxed{9^{9^{9}}}", "1")  # sympy takes far longer than 0.5 s
+    assert task.reward("\\boxed{0.5}", "\\frac{1}{2}") == 1.0 and task.reward("\\boxed{3}", "4") == 0.0
+
+
+def test_a_helper_start_cut_by_the_time_limit_never_answers_the_next_check(monkeypatch):
+    """Without warm_up the first check starts the helper, under reward_timeout_s: a limit that cuts that (slow) start
+    must stop the half-started helper, else its late "ready" line is read as the next check's answer."""
+    from rewards import Timeout, time_limit
+    real_popen, started = subprocess.Popen, []
+
+    def slow_start(cmd, **kwargs):  # the helper's imports on a loaded CPU
+        started.append(real_popen([cmd[0], "-c", "import time; time.sleep(2); " + cmd[2]], **kwargs))
+        return started[-1]
+    task._checker.stop()
+    monkeypatch.setattr(task.subprocess, "Popen", slow_start)
+    with pytest.raises(Timeout):
+        with time_limit(0.5):
+            task.reward("\\boxed{0.5}", "\\frac{1}{2}")
+    monkeypatch.undo()
+    assert len(started) == 1 and started[0].wait(timeout=10) is not None  # killed, not left to print "ready"
     assert task.reward("\\boxed{0.5}", "\\frac{1}{2}") == 1.0 and task.reward("\\boxed{3}", "4") == 0.0
 
 

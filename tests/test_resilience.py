@@ -308,21 +308,26 @@ def test_a_searcher_that_raises_is_named_with_its_error(tiny_model, tmp_path):
     assert leftovers(out) == []
 
 
-def test_non_finite_reward_skips_that_update_and_the_run_goes_on(tiny_model, tmp_path):
-    """NaN rewards for the first prompt each searcher visits: step 1's batch (synchronous mode) is poisoned."""
-    rows, summary = torchrun(HF_SYNC + [NAN_TASK, "steps=4"], str(tmp_path / "run"), env={"NAN_CALLS": "8"})
-    skipped = {r["step"]: r["train/skipped"] for r in rows if "train/skipped" in r}
-    assert skipped == {1: 1, 2: 0, 3: 0, 4: 0}
-    assert summary["skipped_updates"] == 1 and summary["steps"] == 4
+def test_a_non_finite_reward_is_a_failed_reward_and_no_update_is_skipped(tiny_model, tmp_path):
+    """inf rewards for the first prompt each searcher visits (synchronous mode: step 1, 8 of each searcher's 32
+    rewards): each counts as 0 and search/reward_errors, like a reward that raises, so step 1's update is made."""
+    rows, summary = torchrun(HF_SYNC + [NAN_TASK, "steps=4"], str(tmp_path / "run"),
+                             env={"NAN_CALLS": "8", "NAN_VALUE": "inf"})
+    by_step = {r["step"]: r for r in rows}
+    assert [by_step[s]["search/reward_errors"] for s in range(1, 5)] == [16, 0, 0, 0]
+    assert [by_step[s]["train/skipped"] for s in range(1, 5)] == [0, 0, 0, 0]
+    assert summary["skipped_updates"] == 0 and summary["steps"] == 4
 
 
-def test_non_finite_rewards_in_asynchronous_mode_never_crash_a_draw(tiny_model, tmp_path):
-    """The default mode draws most samples by weights over everything seen (m = 0 here: all of them): NaN rewards
-    for the first 16 rewards of each searcher stay in the buffer with weight 0 beside finite ones (a prompt with
-    nothing finite is drawn uniformly: its update is skipped), and the run ends normally."""
-    rows, summary = torchrun(["engine=hf", NAN_TASK, "m=0.0", "steps=6", "n_test=8", "time_budget_min=0",
-                              "max_bad_steps=100"], str(tmp_path / "run"), env={"NAN_CALLS": "16"})
+def test_a_fifth_of_rewards_nan_in_asynchronous_mode_runs_to_the_end(tiny_model, tmp_path):
+    """The default (asynchronous) mode with every fifth reward NaN: once every batch held one and its update was
+    skipped, until max_bad_steps (5) stopped the run. Now each NaN is a failed reward (0, search/reward_errors),
+    fewer than max_reward_errors: no update is skipped and the run ends normally."""
+    rows, summary = torchrun(["engine=hf", NAN_TASK, "steps=6", "n_test=8", "time_budget_min=0"],
+                             str(tmp_path / "run"), env={"NAN_EVERY": "5"})
     assert summary["steps"] == 6 and [r["step"] for r in rows] == list(range(7))
+    assert summary["skipped_updates"] == 0 and all(r["train/skipped"] == 0 for r in rows[1:])
+    assert sum(r.get("search/reward_errors", 0) for r in rows) > 0
 
 
 def test_rewards_that_hang_are_cut_off_and_rewards_that_keep_failing_stop_the_run(tiny_model, tmp_path):
@@ -388,8 +393,10 @@ def test_waiting_for_fresh_samples_ends_on_silence_a_signal_or_the_time_budget()
 
 
 def test_only_non_finite_updates_stop_the_run_with_a_usable_checkpoint(tiny_model, tmp_path):
+    """Every reward 1e300: finite (no failed reward), but float32 in the loss, where it overflows: every update has a
+    non-finite loss and is skipped, and after max_bad_steps in a row the run stops."""
     out = str(tmp_path / "run")
-    job = start(HF_SYNC + [NAN_TASK, "steps=50", "max_bad_steps=3"], out)
+    job = start(HF_SYNC + [NAN_TASK, "steps=50", "max_bad_steps=3"], out, env={"NAN_VALUE": "1e300"})
     try:
         output, _ = job.communicate(timeout=600)
     finally:

@@ -81,6 +81,30 @@ def test_a_reward_or_scorer_that_hangs_is_cut_off_and_counted(capsys):
     assert "took longer than 0.3 s" in capsys.readouterr().err
 
 
+def test_a_reward_that_is_not_finite_counts_zero_as_a_failed_reward(capsys):
+    """A NaN or inf reward would make the whole update's loss non-finite: from reward() or from a scorer's batch it
+    counts as 0 and search/reward_errors (as a raising reward), with a warning that says so; the batch's finite
+    rewards stay."""
+    class Task:
+        @staticmethod
+        def reward(text, answer):
+            return float(text)
+
+    class Scorer:
+        def score(self, prompts, completions, records, finished):
+            return [float(c) for c in completions]
+
+    stats = dict(reward_errors=0, reward_timeouts=0)
+    assert [score(Task, t, "1", stats, 60.0) for t in ("nan", "inf", "-inf", "0.5")] == [0.0, 0.0, 0.0, 0.5]
+    assert stats == dict(reward_errors=3, reward_timeouts=0)
+    texts = ["1", "nan", "0.25", "inf"]
+    assert score_batch(Scorer(), ["p"] * 4, texts, [{}] * 4, [True] * 4, stats, 60.0) == [1.0, 0.0, 0.25, 0.0]
+    assert stats == dict(reward_errors=5, reward_timeouts=0)
+    err = capsys.readouterr().err
+    assert "warning: the reward returned nan, which is not finite, on completion 'nan'" in err
+    assert "warning: the task's scorer returned 2 rewards that are not finite (nan, inf) on a batch of 4" in err
+
+
 def test_log_probs_in_token_budgeted_passes_equal_one_pass(tiny_model):
     """policy.sequence_logprobs cuts a round's sequences into passes of at most logprob_tokens padded tokens (size x
     longest, one sequence at least, order kept); the log-probs are those of one pass over all of them."""
