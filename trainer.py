@@ -11,7 +11,6 @@ last checkpoint saved is the one to resume from.
 import collections
 import json
 import os
-import sys
 import time
 
 import torch
@@ -324,4 +323,4 @@ def end_stopped(cfg, comm, transport, state, tok, log, stop, start, signalled, r
     if not stop.retry:  # a restart would only stop again
         failures.final(cfg.out_dir, line, code)
     failures.say(f"{line}; {saved}; continue with resume=auto")
-    sys.exit(code)
+    failures.leave(code)

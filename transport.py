@@ -11,7 +11,7 @@ Weights travel in the engine dtype as a few flat buckets (at most bucket_mb each
 The receiver yields (name, tensor) pairs in Hugging Face checkpoint naming; the engine loads them as they come.
 push_overlap (gloo / nccl): rank 0 fills every bucket into a snapshot of the whole model and starts all their
 broadcasts at once; push returns while they run and the next train step goes on, and the next push (or close) waits
-for them first. The searchers' side is the same either way.
+for them first (close(failed=True) does not: see close). The searchers' side is the same either way.
 """
 import os
 import time
@@ -203,7 +203,10 @@ class WeightTransport:
             yield from named
 
     def close(self, failed=False):
-        """At exit: shut the NCCL group down (abort it after a failure: its peers may be gone)."""
+        """At exit: shut the NCCL group down (abort it after a failure: its peers may be gone). A failed exit does not
+        wait for push_overlap's broadcasts in flight: a searcher that hangs alive mid-push would hold them until
+        timeout_s. gloo cannot drop them, and its group's destructor drains its queue first, so a stopped rank 0
+        leaves with failures.leave (os._exit), skipping that teardown."""
         if not failed:
             self.finish()
         if self.kind == "nccl" and failed:
