@@ -23,10 +23,13 @@ from config import ConfigError
 from policy import DTYPES, base_weights, merged_weights
 
 
-def pick_transport(requested, device, gpu_mode, one_node=True, overlap=False):
+CHECK_NCCL_OVERLAP = "TBA_CHECK_NCCL_OVERLAP"  # =1 lifts the refusal of push_overlap beside an NCCL trainer group
+
+
+def pick_transport(requested, device, gpu_mode, one_node=True, overlap=False, n_trainers=1):
     """The weight transport for this layout (gpu_mode from train.gpu_layout): auto is gloo on CPU, nccl with a GPU per
     rank, ipc with one GPU for every rank. An explicit choice that cannot work there raises ConfigError, and so does
-    push_overlap with ipc."""
+    push_overlap with ipc, or with nccl and n_trainers > 1 (check_nccl_overlap)."""
     kind = requested
     if requested == "auto":
         kind = "gloo" if device == "cpu" else "ipc" if gpu_mode == "shared" else "nccl"
@@ -45,7 +48,22 @@ def pick_transport(requested, device, gpu_mode, one_node=True, overlap=False):
         raise ConfigError("push_overlap=true: with ipc (all ranks on one GPU) the searchers copy the weights out of "
                           "the trainer's buffers in lock-step with it, there is no broadcast to overlap: "
                           "push_overlap=false")
+    if kind == "nccl" and overlap:
+        check_nccl_overlap(n_trainers)
     return kind
+
+
+def check_nccl_overlap(n_trainers):
+    """push_overlap with nccl and n_trainers > 1: rank 0's weight broadcast, still in flight, runs beside the trainer
+    group's FSDP / DDP collectives on another NCCL communicator, and NCCL documents concurrent operations on two
+    communicators of one device as a possible deadlock. Refused (ConfigError) until a GPU run shows it safe;
+    TBA_CHECK_NCCL_OVERLAP=1 runs it anyway (scripts/gpu_check.sh's own-<shape>-overlap-2trainers check)."""
+    if n_trainers > 1 and os.environ.get(CHECK_NCCL_OVERLAP) != "1":
+        raise ConfigError(f"push_overlap=true with weight_transport=nccl and n_trainers={n_trainers}: the weight "
+                          "broadcast in flight would run beside the trainer group's NCCL collectives on another "
+                          "communicator, which NCCL documents as a possible deadlock, and no GPU run has shown it safe "
+                          f"yet: push_overlap=false or n_trainers=1 ({CHECK_NCCL_OVERLAP}=1 runs it anyway, to check "
+                          "it)")
 
 
 def plan_buckets(meta, bucket_bytes, elem_size):
