@@ -147,7 +147,8 @@ class Config:
                               "of its own); gloo / nccl stream them through two such buffers on each side", ge=1)
     push_overlap: bool = key(False, "gloo / nccl: the push copies the weights into a snapshot (one more copy of the "
                                     "model in the engine dtype on rank 0) and the trainer goes on to its next step "
-                                    "while the broadcast runs; it waits for it at the next push")
+                                    "while the broadcast runs; it waits for it at the next push. Refused with nccl "
+                                    "and n_trainers > 1 until a GPU run shows it safe (transport.check_nccl_overlap)")
     timeout_s: int = key(1800, "a collective that takes longer ends the job (all ranks on one GPU: the searchers' "
                                "engines, built in turn, must all be built within it too)", ge=1)
 

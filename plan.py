@@ -463,7 +463,8 @@ def machine(cfg, mode, n_gpus, gpu_bytes, engine):
     """The GPUs a plan is for: layout (train.gpu_layout), count, bytes each, engine (vllm | hf), weight transport."""
     from transport import pick_transport  # raises the run's own one-line error for a transport the layout refuses
     return dict(mode=mode, n_gpus=n_gpus, gpu_bytes=gpu_bytes, engine=engine,
-                kind=pick_transport(cfg.weight_transport, "cuda", mode, overlap=cfg.push_overlap))
+                kind=pick_transport(cfg.weight_transport, "cuda", mode, overlap=cfg.push_overlap,
+                                    n_trainers=cfg.n_trainers))
 
 
 def plan_cli(cfg, name, opts, mode):

@@ -96,7 +96,8 @@ class Context:
             raise ConfigError(f"n_trainers={cfg.n_trainers} on one shared GPU: NCCL refuses two trainer ranks on one "
                               "GPU; give every rank its own GPU, or n_trainers=1")
         from transport import WeightTransport, pick_transport
-        kind = pick_transport(cfg.weight_transport, self.device, self.gpu_mode, one_node, cfg.push_overlap)
+        kind = pick_transport(cfg.weight_transport, self.device, self.gpu_mode, one_node, cfg.push_overlap,
+                              cfg.n_trainers)
         self.resume = checkpoint.find_resume(cfg)
         self.task = get_task(cfg.task)
         self.train = self.task.load(cfg.train_data or self.task.DEFAULT_TRAIN, "train")

@@ -11,7 +11,6 @@ last checkpoint saved is the one to resume from.
 import dataclasses
 import json
 import os
-import sys
 import time
 
 import torch
@@ -342,4 +341,4 @@ def end_stopped(run, log, stop, start, row):
     if not stop.retry:  # a restart would only stop again
         failures.final(cfg.out_dir, line, code)
     failures.say(f"{line}; {saved}; continue with resume=auto")
-    sys.exit(code)
+    failures.leave(code)

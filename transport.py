@@ -11,7 +11,7 @@ Weights travel in the engine dtype as a few flat buckets (at most bucket_mb each
 The receiver yields (name, tensor) pairs in Hugging Face checkpoint naming; the engine loads them as they come.
 push_overlap (gloo / nccl): rank 0 fills every bucket into a snapshot of the whole model and starts all their
 broadcasts at once; push returns while they run and the next train step goes on, and the next push (or close) waits
-for them first. The searchers' side is the same either way.
+for them first (close(failed=True) does not: see close). The searchers' side is the same either way.
 """
 import os
 import time
@@ -23,10 +23,13 @@ from config import ConfigError
 from policy import DTYPES, base_weights, merged_weights
 
 
-def pick_transport(requested, device, gpu_mode, one_node=True, overlap=False):
+CHECK_NCCL_OVERLAP = "TBA_CHECK_NCCL_OVERLAP"  # =1 lifts the refusal of push_overlap beside an NCCL trainer group
+
+
+def pick_transport(requested, device, gpu_mode, one_node=True, overlap=False, n_trainers=1):
     """The weight transport for this layout (gpu_mode from train.gpu_layout): auto is gloo on CPU, nccl with a GPU per
     rank, ipc with one GPU for every rank. An explicit choice that cannot work there raises ConfigError, and so does
-    push_overlap with ipc."""
+    push_overlap with ipc, or with nccl and n_trainers > 1 (check_nccl_overlap)."""
     kind = requested
     if requested == "auto":
         kind = "gloo" if device == "cpu" else "ipc" if gpu_mode == "shared" else "nccl"
@@ -45,7 +48,22 @@ def pick_transport(requested, device, gpu_mode, one_node=True, overlap=False):
         raise ConfigError("push_overlap=true: with ipc (all ranks on one GPU) the searchers copy the weights out of "
                           "the trainer's buffers in lock-step with it, there is no broadcast to overlap: "
                           "push_overlap=false")
+    if kind == "nccl" and overlap:
+        check_nccl_overlap(n_trainers)
     return kind
+
+
+def check_nccl_overlap(n_trainers):
+    """push_overlap with nccl and n_trainers > 1: rank 0's weight broadcast, still in flight, runs beside the trainer
+    group's FSDP / DDP collectives on another NCCL communicator, and NCCL documents concurrent operations on two
+    communicators of one device as a possible deadlock. Refused (ConfigError) until a GPU run shows it safe;
+    TBA_CHECK_NCCL_OVERLAP=1 runs it anyway (scripts/gpu_check.sh's own-<shape>-overlap-2trainers check)."""
+    if n_trainers > 1 and os.environ.get(CHECK_NCCL_OVERLAP) != "1":
+        raise ConfigError(f"push_overlap=true with weight_transport=nccl and n_trainers={n_trainers}: the weight "
+                          "broadcast in flight would run beside the trainer group's NCCL collectives on another "
+                          "communicator, which NCCL documents as a possible deadlock, and no GPU run has shown it safe "
+                          f"yet: push_overlap=false or n_trainers=1 ({CHECK_NCCL_OVERLAP}=1 runs it anyway, to check "
+                          "it)")
 
 
 def plan_buckets(meta, bucket_bytes, elem_size):
@@ -203,7 +221,10 @@ class WeightTransport:
             yield from named
 
     def close(self, failed=False):
-        """At exit: shut the NCCL group down (abort it after a failure: its peers may be gone)."""
+        """At exit: shut the NCCL group down (abort it after a failure: its peers may be gone). A failed exit does not
+        wait for push_overlap's broadcasts in flight: a searcher that hangs alive mid-push would hold them until
+        timeout_s. gloo cannot drop them, and its group's destructor drains its queue first, so a stopped rank 0
+        leaves with failures.leave (os._exit), skipping that teardown."""
         if not failed:
             self.finish()
         if self.kind == "nccl" and failed:

@@ -4,7 +4,10 @@
 # on one GPU, CUDA IPC); with 1 GPU shared only; without a GPU a CPU dry run (gloo, tiny model only). Per layout:
 #  1. weight transport alone (scripts/check_transport.py): 5 pushes of the 1.1B shape (CPU: tiny), bit-exact, timed
 #  2. train.py, trainer + 1 searcher, 4 steps, check_sync=true, for the tiny model (assets/tiny-arith/sft) and a
-#     TinyLlama-1.1B-shaped model (random bf16 weights built here, no download); engine vllm if it imports, else hf
+#     TinyLlama-1.1B-shaped model (random bf16 weights built here, no download); engine vllm if it imports, else hf.
+#     With a GPU per rank for 3+ ranks also own-<model>-overlap-2trainers: the same with n_trainers=2 and
+#     push_overlap=true, rank 0's NCCL weight broadcast in flight beside the trainer group's NCCL collectives (a
+#     deadlock NCCL warns of, so train.py refuses it unless TBA_CHECK_NCCL_OVERLAP=1); a hang ends at the timeout: FAIL
 #  3. faults (scripts/kill_check.py): the searcher SIGKILLed at step 3 of a run with max_restarts=1 must heal (one
 #     restart, every step logged once); with a GPU per rank for 3+ ranks (and on CPU) a trainer rank of n_trainers=2
 #     SIGKILLed must end the job within 150 s naming it, though rank 0 waits in a collective (NCCL: the watchdog)
@@ -99,6 +102,12 @@ for LAYOUT in $LAYOUTS; do
       $PY -m torch.distributed.run --nproc_per_node=2 --master_port=$PORT train.py configs/tiny.yaml \
       out_dir="$OUT/$LAYOUT-$M" model="$MODEL" dtype=$DTYPE engine=$ENGINE weight_transport=$WT peak_tflops=$PEAK \
       $STEPS $EXTRA
+    if [ "$LAYOUT" = own ] && [ ${#G[@]} -ge 3 ]; then  # the combination train.py refuses until this passes
+      check "own-$M-overlap-2trainers" train "$OUT/own-$M-overlap-2trainers" $CAP env TBA_CHECK_NCCL_OVERLAP=1 \
+        CUDA_VISIBLE_DEVICES=${G[0]},${G[1]},${G[2]} $PY -m torch.distributed.run --nproc_per_node=3 \
+        --master_port=$PORT train.py configs/tiny.yaml out_dir="$OUT/own-$M-overlap-2trainers" model="$MODEL" \
+        dtype=$DTYPE engine=$ENGINE weight_transport=nccl peak_tflops=$PEAK $STEPS $EXTRA n_trainers=2 push_overlap=true
+    fi
   done
   KILL="model=assets/tiny-arith/sft dtype=$DTYPE engine=$ENGINE weight_transport=$WT n_test=8 eval_every=0
     time_budget_min=0 timeout_s=120"

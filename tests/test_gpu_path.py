@@ -103,6 +103,8 @@ def test_explicit_weight_transport_must_fit_the_layout():
     ("0,1,2", ["n_searchers=7"], {"NPROC_PER_NODE": "4", "NNODES": "2"}, "error: 4 ranks on 3 GPUs:"),
     ("0", ["weight_transport=nccl"], {}, "error: weight_transport=nccl: all ranks share one GPU"),
     ("0,1,2", ["weight_transport=ipc"], {}, "error: weight_transport=ipc: CUDA IPC works within one GPU"),
+    ("0,1,2", ["n_trainers=2", "n_searchers=1", "push_overlap=true"], {},
+     "error: push_overlap=true with weight_transport=nccl and n_trainers=2: "),
 ])
 def test_prepare_refuses_a_layout_in_one_line_before_any_process_starts(tiny_model, gpus, args, env, message):
     """The whole job's layout (n_searchers + 1 ranks, or NPROC_PER_NODE), decided by --prepare with the GPU list
@@ -277,6 +279,42 @@ def test_push_overlap_is_refused_with_ipc():
     with pytest.raises(ConfigError, match="push_overlap"):
         transport.pick_transport("auto", "cuda", "shared", overlap=True)
     assert transport.pick_transport("auto", "cuda", "own", overlap=True) == "nccl"
+
+
+NCCL_OVERLAP = "push_overlap=true with weight_transport=nccl and n_trainers=2: "
+
+
+def test_push_overlap_beside_an_nccl_trainer_group_is_refused_until_checked(monkeypatch):
+    """push_overlap with nccl and n_trainers > 1 (the broadcast in flight beside the FSDP / DDP collectives on another
+    NCCL communicator, a deadlock NCCL warns of) is refused in one line; TBA_CHECK_NCCL_OVERLAP=1 lifts it for
+    scripts/gpu_check.sh; gloo, one trainer, or no overlap are not concerned."""
+    pick = transport.pick_transport
+    monkeypatch.delenv(transport.CHECK_NCCL_OVERLAP, raising=False)
+    for requested in ("auto", "nccl"):
+        with pytest.raises(ConfigError, match=NCCL_OVERLAP) as e:
+            pick(requested, "cuda", "own", overlap=True, n_trainers=2)
+        assert "\n" not in str(e.value) and "push_overlap=false or n_trainers=1" in str(e.value)
+    assert pick("nccl", "cuda", "own", overlap=False, n_trainers=2) == "nccl"
+    assert pick("nccl", "cuda", "own", overlap=True, n_trainers=1) == "nccl"
+    assert pick("gloo", "cuda", "own", overlap=True, n_trainers=2) == "gloo"
+    assert pick("auto", "cpu", "none", overlap=True, n_trainers=4) == "gloo"
+    monkeypatch.setenv(transport.CHECK_NCCL_OVERLAP, "1")
+    assert pick("auto", "cuda", "own", overlap=True, n_trainers=2) == "nccl"
+
+
+def test_plan_says_the_nccl_overlap_refusal_in_one_line_unless_checked():
+    """train.py --plan (plan.machine picks the transport as the run does): the refusal's line and exit 2; with
+    TBA_CHECK_NCCL_OVERLAP=1 the plan itself (its push snapshot counted)."""
+    def plan(env):
+        return subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--plan", "configs/tiny.yaml",
+                               "n_trainers=2", "n_searchers=1", "push_overlap=true", "--gpus", "3", "--gpu-memory-gb",
+                               "80"], cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    env = {k: v for k, v in os.environ.items() if k != transport.CHECK_NCCL_OVERLAP}
+    p = plan(dict(env, HF_HUB_OFFLINE="1"))
+    assert p.returncode == 2 and p.stdout == "" and p.stderr.startswith("error: " + NCCL_OVERLAP), p.stderr[-3000:]
+    assert p.stderr.count("\n") == 1
+    p = plan(dict(env, HF_HUB_OFFLINE="1", TBA_CHECK_NCCL_OVERLAP="1"))
+    assert p.returncode == 0 and "push snapshot" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- 5. IPC: copies finished before the release

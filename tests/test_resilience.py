@@ -128,6 +128,36 @@ def test_killed_searcher_ends_the_job_fast_and_names_it(tiny_model, tmp_path):
     assert leftovers(out) == []
 
 
+def test_a_killed_searcher_ends_the_trainer_at_once_though_its_overlapped_push_is_stuck(tiny_model, tmp_path):
+    """push_overlap: searcher rank 2 hangs, alive and deaf to SIGTERM, before its receive of a push
+    (tests/tasks/stuck_pull.py), so rank 0's broadcast to it stays queued in rank 0's gloo group; then searcher rank 1
+    is killed. Rank 0 names it, saves and exits within seconds (failures.leave): Python's teardown of that group
+    would wait for the queued broadcast, until timeout_s or torchrun's SIGKILL (30 s after its SIGTERM; launch.sh:
+    300 s). The stuck searcher is torchrun's to SIGKILL at the end of that grace; the test does it at once."""
+    out, marker = str(tmp_path / "run"), str(tmp_path / "stuck")
+    task = f"task={os.path.join(ROOT, 'tests', 'tasks', 'stuck_pull.py')}"
+    job = start(["engine=hf", "steps=100000", "n_test=20", "push_overlap=true", "timeout_s=300", task], out,
+                env={"STUCK_RANK": "2", "STUCK_AFTER": "3", "STUCK_MARKER": marker})
+    try:
+        wait_for(lambda: os.path.exists(marker), 600, job, "searcher rank 2 stuck in a pull")
+        ranks = workers(job)
+        t0 = time.time()
+        os.kill(ranks[1], signal.SIGKILL)
+        while not failures.dead(failures.process_state(ranks[0])) and time.time() - t0 < 60:
+            time.sleep(0.05)
+        elapsed = time.time() - t0
+        os.kill(ranks[2], signal.SIGKILL)
+        output, _ = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert job.returncode != 0 and elapsed < 10, (elapsed, output[-3000:])
+    assert f"searcher rank 1 (pid {ranks[1]}) died" in output, output[-3000:]
+    assert checkpoint.latest(os.path.join(out, "checkpoints")) is not None
+    time.sleep(1)
+    assert leftovers(out) == []
+
+
 def test_stuck_searcher_hits_the_timeout_and_ends_the_job(tiny_model, tmp_path):
     out = str(tmp_path / "run")
     job = start(["engine=hf", "steps=100000", "n_test=20", "timeout_s=10"], out)
