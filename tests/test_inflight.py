@@ -215,13 +215,15 @@ def test_inflight_end_to_end_and_resume(tiny_model, tmp_path):
     rows, summary = torchrun(args + ["save_every=2"], out)
     probes = [json.loads(line) for line in open(out / "sync_probe.jsonl")]
     check_run(rows, probes, summary, 6)
-    assert sum(r["staleness/mixed_fraction"] for r in rows[1:]) > 0  # in-flight updates landed mid-sample
     assert all(0 <= r["staleness/mixed_fraction"] <= 1 for r in rows[1:])
     rows, summary = torchrun([a for a in args if not a.startswith("steps=")] + ["steps=10", "resume=auto"], out)
     assert summary["steps"] == 10 and [r["step"] for r in rows] == list(range(11))
     resumed = [r for r in rows[7:] if "sync/probe_match" in r]
     assert len(resumed) == 2 and all(r["sync/probe_match"] == 1.0 for r in resumed)
     assert sum(r.get("sync/samples", 0) for r in rows[7:]) > 0  # the searchers search again after the resume
+    # in-flight updates landed mid-sample: over all 10 steps, since on a loaded 2-core box one 6-step run can see every
+    # push land between samples (CI saw 0.0 once)
+    assert sum(r["staleness/mixed_fraction"] for r in rows[1:]) > 0
 
 
 def test_samples_of_older_checkpoints_read_as_single_version():
