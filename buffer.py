@@ -104,7 +104,7 @@ class ReplayBuffer:
     def weights(self, samples):
         """Probabilities of one prompt's samples for a draw that is not recent: softmax(inv_temp * reward) (paper
         section 3.2: "Softmax of Score" for TL;DR, inv_temp = 1; uniform for GSM8K, inv_temp = 0). A sample whose
-        reward is not finite (the searchers make such rewards 0: searcher.score; a guard all the same) gets 0 while
+        reward is not finite (the searchers make such rewards 0: rewards.score; a guard all the same) gets 0 while
         the prompt has others; all of them: uniform."""
         rewards = np.array([s.reward for s in samples], dtype=np.float64)
         finite = np.isfinite(rewards)

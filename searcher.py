@@ -11,7 +11,6 @@ until_ready, hand_over, new_weights):
 run: poll for a round; none announced: one unit of the strategy's work; announced: join it (sync.searcher_round).
 """
 import dataclasses
-import math
 import sys
 import time
 
@@ -25,53 +24,7 @@ from buffer import Sample
 from engine import make_engine, position_limit
 from eval import evaluate
 from policy import encode_prompt, fit_new_tokens, load_model, longest_prompt, sequence_logprobs
-from rewards import NotFinite, Timeout, finite, time_limit, warn_task_error
-
-
-def score(task, text, answer, stats, limit):
-    """The task's reward; a reward function that raises, runs past `limit` seconds or returns a value that is not
-    finite (NaN, inf: it would poison the whole update) counts as 0 with a warning (the first few times) and the
-    counters search/reward_errors (and search/reward_timeouts), never a crash, a hang or a skipped update."""
-    try:
-        with time_limit(limit):
-            reward = task.reward(text, answer)
-        return finite(reward)
-    except (Exception, Timeout) as e:
-        failed(stats, 1, e, "reward", f"completion {text[:80]!r}")
-        return 0.0
-
-
-def score_batch(scorer, prompts, texts, records, finished, stats, limit):
-    """The task's batched scorer (make_scorer); a batch that raises, runs past `limit` seconds or returns the wrong
-    number of rewards counts as 0 for every sample in it, with a warning (the first few times) and the counters; a
-    reward in it that is not finite counts as 0 and one failed reward (non_finite), the batch's others stay."""
-    try:
-        with time_limit(limit):
-            rewards = [float(r) for r in scorer.score(prompts, texts, records, finished)]
-        if len(rewards) != len(texts):
-            raise ValueError(f"{len(rewards)} rewards for {len(texts)} completions")
-    except (Exception, Timeout) as e:
-        failed(stats, len(texts), e, "task's scorer", f"a batch of {len(texts)}")
-        return [0.0] * len(texts)
-    return non_finite(rewards, stats)
-
-
-def non_finite(rewards, stats):
-    """A scorer's rewards with those that are not finite (NaN, inf) made 0 and counted as failed rewards, with one
-    warning per batch: one of them would make the whole update's loss non-finite and skip it."""
-    bad = [r for r in rewards if not math.isfinite(r)]
-    if bad:
-        error = NotFinite(f"returned {len(bad)} rewards that are not finite ({', '.join(map(str, bad[:3]))})")
-        failed(stats, len(bad), error, "task's scorer", f"a batch of {len(rewards)}")
-    return [r if math.isfinite(r) else 0.0 for r in rewards]
-
-
-def failed(stats, n, error, what, detail):
-    """n rewards failed (raised, timed out or were not finite): counted since the last round (the trainer sums them
-    and stops a run whose rewards keep failing: failures.RewardWindow)."""
-    stats["reward_errors"] += n
-    stats["reward_timeouts"] += n * isinstance(error, Timeout)
-    warn_task_error(what, error, detail, "counted as 0 (search/reward_errors)")
+from rewards import score, score_batch
 
 
 _built = {}  # (task, hook) -> the object the task's make_scorer / make_evaluator built in this process

@@ -35,7 +35,7 @@ and one more optional hook for any task:
                                                  limit below: start helper processes, load what the rewards need
 
 Failed rewards: a reward that raises, runs past its time limit or is not finite (NaN, inf: `finite` below) counts as
-0, with a warning and search/reward_errors (searcher.score / score_batch), never a crash; one NaN in a batch would
+0, with a warning and search/reward_errors (score / score_batch below), never a crash; one NaN in a batch would
 make the whole update's loss non-finite. Every reward() call, every scorer.score() batch and every correct() at
 evaluation runs under reward_timeout_s (time_limit below); a call past it also counts in search/reward_timeouts. A run
 whose rewards keep failing (more than max_reward_errors of the last REWARD_WINDOW) stops with one line (failures.py).
@@ -66,7 +66,7 @@ class Timeout(BaseException):
 
 
 class NotFinite(ValueError):
-    """A task's reward that is NaN or infinite: a failed reward, as one that raises (searcher.score). Its message
+    """A task's reward that is NaN or infinite: a failed reward, as one that raises (score). Its message
     says what the task returned, as warn_task_error prints it."""
 
 
@@ -107,6 +107,52 @@ def warn_task_error(what, error, detail, consequence):
         happened = str(error) if isinstance(error, NotFinite) else f"raised {type(error).__name__}: {error}"
         print(f"warning: the {what} {happened} on {detail}; {consequence}"
               + (" (further ones are only counted)" if n == 3 else ""), file=sys.stderr, flush=True)
+
+
+def score(task, text, answer, stats, limit):
+    """The task's reward; a reward function that raises, runs past `limit` seconds or returns a value that is not
+    finite (NaN, inf: it would poison the whole update) counts as 0 with a warning (the first few times) and the
+    counters search/reward_errors (and search/reward_timeouts), never a crash, a hang or a skipped update."""
+    try:
+        with time_limit(limit):
+            reward = task.reward(text, answer)
+        return finite(reward)
+    except (Exception, Timeout) as e:
+        failed(stats, 1, e, "reward", f"completion {text[:80]!r}")
+        return 0.0
+
+
+def score_batch(scorer, prompts, texts, records, finished, stats, limit):
+    """The task's batched scorer (make_scorer); a batch that raises, runs past `limit` seconds or returns the wrong
+    number of rewards counts as 0 for every sample in it, with a warning (the first few times) and the counters; a
+    reward in it that is not finite counts as 0 and one failed reward (non_finite), the batch's others stay."""
+    try:
+        with time_limit(limit):
+            rewards = [float(r) for r in scorer.score(prompts, texts, records, finished)]
+        if len(rewards) != len(texts):
+            raise ValueError(f"{len(rewards)} rewards for {len(texts)} completions")
+    except (Exception, Timeout) as e:
+        failed(stats, len(texts), e, "task's scorer", f"a batch of {len(texts)}")
+        return [0.0] * len(texts)
+    return non_finite(rewards, stats)
+
+
+def non_finite(rewards, stats):
+    """A scorer's rewards with those that are not finite (NaN, inf) made 0 and counted as failed rewards, with one
+    warning per batch: one of them would make the whole update's loss non-finite and skip it."""
+    bad = [r for r in rewards if not isfinite(r)]
+    if bad:
+        error = NotFinite(f"returned {len(bad)} rewards that are not finite ({', '.join(map(str, bad[:3]))})")
+        failed(stats, len(bad), error, "task's scorer", f"a batch of {len(rewards)}")
+    return [r if isfinite(r) else 0.0 for r in rewards]
+
+
+def failed(stats, n, error, what, detail):
+    """n rewards failed (raised, timed out or were not finite): counted since the last round (the trainer sums them
+    and stops a run whose rewards keep failing: failures.RewardWindow)."""
+    stats["reward_errors"] += n
+    stats["reward_timeouts"] += n * isinstance(error, Timeout)
+    warn_task_error(what, error, detail, "counted as 0 (search/reward_errors)")
 
 
 _task_files = {}  # a task file's module, executed once per process (as `import` does for rewards/<name>.py)

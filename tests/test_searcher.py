@@ -3,7 +3,8 @@ import time
 
 import torch
 
-from searcher import Shard, score, score_batch
+from rewards import score, score_batch
+from searcher import Shard
 
 
 class NoRngEngine:

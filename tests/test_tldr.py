@@ -1,6 +1,6 @@
 """The TL;DR task (rewards/tldr.py): data, the reward-model reward with its non-EOS penalty, win rate and perplexity,
-the seam that carries model-based rewards and metrics (searcher.score_batch / task_hook, eval.evaluate), and a tiny
-run end to end. Models: the shipped tiny assets (assets/, made by scripts/make_tiny_models.py)."""
+the seam that carries model-based rewards and metrics (rewards.score_batch, searcher.task_hook, eval.evaluate), and a
+tiny run end to end. Models: the shipped tiny assets (assets/, made by scripts/make_tiny_models.py)."""
 import json
 import math
 import os
@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+import rewards
 import searcher
 from conftest import ROOT, TINY, task_run
 from config import Config
@@ -150,10 +151,10 @@ def test_seam_scorer_errors_count_as_zero_with_three_warnings(capsys):
 
     stats = dict(reward_errors=0, reward_timeouts=0)
     args = (["p", "p"], ["a", "b"], [{}, {}], [True, False], stats, 60.0)
-    assert searcher.score_batch(Numpy(), *args) == [0.5, -2.0] and stats["reward_errors"] == 0
+    assert rewards.score_batch(Numpy(), *args) == [0.5, -2.0] and stats["reward_errors"] == 0
     for _ in range(4):
-        assert searcher.score_batch(Boom(), *args) == [0.0, 0.0]
-    assert searcher.score_batch(Short(), *args) == [0.0, 0.0]
+        assert rewards.score_batch(Boom(), *args) == [0.0, 0.0]
+    assert rewards.score_batch(Short(), *args) == [0.0, 0.0]
     assert stats["reward_errors"] == 10
     err = capsys.readouterr().err
     assert err.count("warning: the task's scorer raised") == 3 and "RuntimeError: boom" in err
