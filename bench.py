@@ -20,7 +20,7 @@ inflight=true; the HF engine has no in-flight mode, so that arm is left out with
 each, with identical settings (evaluation only at the start and the end, on 64 problems, both outside the timed
 loop), then times one searcher's work (generation + reference log-probs + rewards: Searcher.search, and
 InFlightSearch for the in-flight arm, searcher.py) in this process with nothing else running. The timed loop starts
-after the initial buffer and leaves out the final evaluation; the speedups are ratios of the mean loop times, the
+before the initial buffer fill and leaves out the final evaluation; the speedups are ratios of the mean loop times, the
 other figures come from the run closest to its mode's mean. The trainer's wait per sync round is time/wait_seconds of
 the steps with a round (the gather, the push, and waiting for the searchers to join).
 """
@@ -210,7 +210,7 @@ def print_table(res, cols, args, cfg):
         print(f"| {label} | " + " | ".join(fmt(res[m]) for m in cols) + " |")
     print(f"| {args.steps} trainer steps, engine {res['engine']} | " + " | ".join(NAMES[m] for m in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
-    row("training loop seconds (after the initial buffer, without the final evaluation)",
+    row("training loop seconds (the initial buffer fill included, without the final evaluation)",
         lambda r: f"{r['loop_seconds_mean']:.1f}")
     if args.repeats > 1:
         row("... each run", lambda r: " / ".join(f"{x:.1f}" for x in r["loop_seconds_all"]))

@@ -97,6 +97,10 @@ class Config:
                                 "and throughput against chunks: docs/performance.md")
     max_inflight: int = key(0, "inflight: sequences kept running per searcher, topped up a prompt visit (S "
                                "sequences) at a time (0 = 2 x chunk_prompts x S)", ge=0)
+    train_threads: int = key(0, "CPU: torch threads of each trainer rank. 0 = set for the phase the trainer runs in: "
+                                "synchronous mode gives the trainer ranks the cores this process may use, split "
+                                "among them (the searchers wait while it trains); asynchronous mode keeps "
+                                "OMP_NUM_THREADS (launch.sh: 1), as every rank runs at once", ge=0)
     searcher_nice: int = key(0, "CPU niceness of the searcher processes; > 0 lets the trainer, the critical path, "
                                 "keep its core when all ranks share a few CPU cores", ge=0, le=19)
     max_prompts_per_round: int = key(0, "async: prompt visits a searcher makes between sync rounds before it waits "

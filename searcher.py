@@ -30,6 +30,13 @@ from rewards import score, score_batch
 _built = {}  # (task, hook) -> the object the task's make_scorer / make_evaluator built in this process
 
 
+def new_stats():
+    """A searcher's counters between two rounds (sync.Report carries them to the trainer). gen_s is all of its
+    search work: generation, then scoring (ref_s: reference log-probs, reward_s: decoding and rewards); eval_s is
+    its evaluation in a round, kept out of the search's idle ratio."""
+    return dict(tokens=0, gen_s=0.0, ref_s=0.0, reward_s=0.0, eval_s=0.0, reward_errors=0, reward_timeouts=0)
+
+
 def task_hook(task, hook, cfg, device):
     """What the task's optional hook (make_scorer, make_evaluator) builds, once per searcher process, so its models
     load once; None when the task has no such hook (then its per-sample reward / greedy accuracy apply)."""
@@ -54,16 +61,17 @@ class Searcher:
     shard: object  # Shard: the prompt ids this searcher visits
     test: list = ()  # this searcher's share of the test set: (id, record) pairs
     device: object = None  # the rank's device, for the task's evaluator
-    stats: dict = dataclasses.field(default_factory=lambda: dict(tokens=0, gen_s=0.0, reward_errors=0,
-                                                                             reward_timeouts=0))
+    stats: dict = dataclasses.field(default_factory=lambda: new_stats())
 
     def make_samples(self, flat):
         """Generated responses -> Samples: scored (the task's per-sample reward, or its batched scorer), with
         reference log-probs. flat: (prompt id, response ids, behaviour log-probs, version, version_tokens) each. Adds
         to stats' tokens and the reward counters."""
         cfg, tok, task, records = self.cfg, self.tok, self.task, self.records
+        t0 = time.perf_counter()
         logp_ref = sequence_logprobs(self.ref_model, [self.prompts[f[0]] for f in flat], [f[1] for f in flat],
                                      cfg.temperature, cfg.logprob_tokens)
+        t1 = time.perf_counter()
         texts = [tok.decode(f[1], skip_special_tokens=True) for f in flat]
         finished = [bool(f[1] and f[1][-1] == tok.eos_token_id) for f in flat]
         scorer = task_hook(task, "make_scorer", cfg, next(self.ref_model.parameters()).device)
@@ -73,6 +81,8 @@ class Searcher:
         else:
             rewards = score_batch(scorer, [records[f[0]]["prompt"] for f in flat], texts,
                                   [records[f[0]] for f in flat], finished, self.stats, cfg.reward_timeout_s)
+        self.stats["ref_s"] += t1 - t0
+        self.stats["reward_s"] += time.perf_counter() - t1
         samples = [Sample(pid, tuple(resp), reward, logp_behav, lp_ref, version, fin, versions)
                    for (pid, resp, logp_behav, version, versions), lp_ref, reward, fin
                    in zip(flat, logp_ref, rewards, finished)]
@@ -92,10 +102,12 @@ class Searcher:
 
     def evaluate_share(self):
         """Step 5 of a round: this searcher's share of the test set, as (rows with their test ids, totals)."""
+        t0 = time.perf_counter()
         rows, totals = evaluate(self.engine, self.tok, self.task, [record for _, record in self.test],
                                 self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens,
                                 task_hook(self.task, "make_evaluator", self.cfg, self.device),
                                 self.cfg.reward_timeout_s)
+        self.stats["eval_s"] += time.perf_counter() - t0
         return [{"id": i, **r} for (i, _), r in zip(self.test, rows)], totals
 
 
@@ -335,6 +347,7 @@ def run(cfg, comm, ctx):
     share = cfg.B // n_searchers + (rank - 1 < cfg.B % n_searchers)
     limit = share if not cfg.asynchronous else (cfg.max_prompts_per_round or float("inf"))
     budget = 0 if not cfg.asynchronous or ctx.resume else limit  # prompt visits left to start before the next round
+    handed = time.perf_counter()  # the last hand-over of samples (sync.Report's window_s counts from it)
     while True:
         if not cfg.asynchronous and budget > 0:  # synchronous mode joins a round only with its whole share generated
             announced = None
@@ -348,11 +361,13 @@ def run(cfg, comm, ctx):
         samples, place = strategy.hand_over()
         if flags & sync.Flag.WEIGHTS:  # the weights after trainer step `step`, or step - D with weight_delay = D
             strategy.new_weights(max(step - cfg.weight_delay, 0))
-        report = sync.Report(samples, stats["tokens"], stats["gen_s"], stats["reward_errors"],
-                             stats["reward_timeouts"], place)
+        now = time.perf_counter()  # the window: since the last hand-over, its round's evaluation left out
+        report = sync.Report(samples, stats["tokens"], stats["gen_s"], stats["ref_s"], stats["reward_s"],
+                             now - handed - stats["eval_s"], stats["reward_errors"], stats["reward_timeouts"], place)
+        handed = now
         sync.searcher_round(comm, transport, flags, report, engine, ref_model, prompts[0], searcher.evaluate_share)
         budget = limit
-        stats.update(tokens=0, gen_s=0.0, reward_errors=0, reward_timeouts=0)
+        stats.update(new_stats())
         if flags & sync.Flag.STOP:
             break
     transport.close()

@@ -54,7 +54,10 @@ class Report(NamedTuple):
     """What a searcher sends at step 1."""
     samples: list  # buffer.Sample: the trajectories generated since the last round
     tokens: int  # response tokens generated since the last round
-    gen_s: float  # seconds spent generating and scoring them
+    gen_s: float  # seconds spent generating and scoring them (searcher work)
+    ref_s: float  # of gen_s: the reference log-probs
+    reward_s: float  # of gen_s: decoding and rewards
+    window_s: float  # seconds since the last round's hand-over, its evaluation left out: gen_s / window_s is busy
     reward_errors: int  # rewards that raised, timed out or were not finite since the last round
     reward_timeouts: int  # of those, the ones that timed out
     place: ShardPlace

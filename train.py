@@ -129,6 +129,15 @@ def lower_priority(nice):
         pass
 
 
+def trainer_threads(cfg):
+    """Torch threads for a trainer rank on CPU: train_threads, or in synchronous mode the cores this process may use
+    over the trainer ranks (nothing else computes while it trains: the searchers wait for its weights, and it waits
+    for their samples); None in asynchronous mode, where every rank computes at once (OMP_NUM_THREADS holds)."""
+    if cfg.train_threads:
+        return cfg.train_threads
+    return None if cfg.asynchronous else max(1, len(os.sched_getaffinity(0)) // cfg.n_trainers)
+
+
 def prepare(cfg):
     """Checks that need no process group, run by launch.sh before torchrun: one clear line on a bad input. The GPU
     layout is the whole job's: n_trainers + n_searchers ranks on this node unless NPROC_PER_NODE says otherwise."""
@@ -235,6 +244,8 @@ def main():
         if rank >= cfg.n_trainers and cfg.searcher_nice:
             lower_priority(cfg.searcher_nice)
         ctx = Context(cfg)
+        if rank < cfg.n_trainers and ctx.device == "cpu" and trainer_threads(cfg):
+            torch.set_num_threads(trainer_threads(cfg))
     except (ConfigError, DataError, ModelError) as e:
         line = f"error: {e}" + (f" (rank {rank})" if rank else "")
         print(line, file=sys.stderr)
