@@ -159,8 +159,8 @@ def main():
     for name, (value, lo, hi, why) in INPUTS.items():
         ap.add_argument(f"--{name.replace('_', '-')}", type=float, default=value, help=f"[{lo:g}, {hi:g}] {why}")
     ap.add_argument("--B", type=int, default=7, help="prompts per step of the per-step table (configs/gsm8k.yaml: 7)")
-    ap.add_argument("--ranges", action="store_true", help="the headline ratio over the inputs' ranges (an input set on "
-                                                          "the command line is held at its value)")
+    ap.add_argument("--ranges", action="store_true", help="the headline ratio over the inputs' ranges (an input given "
+                                                          "another value on the command line is held at it)")
     ap.add_argument("--draws", type=int, default=4000, help="uniform draws for --ranges (seed 0)")
     x = vars(ap.parse_args())
     changed = [n for n, v in INPUTS.items() if x[n] != v[0]]
@@ -177,7 +177,7 @@ def main():
         if changed:
             print(f"- held at their command-line values: {', '.join(f'{n} = {x[n]:g}' for n in changed)}")
         print("\nOne at a time (the others at their values), largest swing first:\n")
-        print("| input | measured / assumed | value | range | ratio at low | ratio at high |")
+        print("| input | measured / assumed | value | range | headline at low | headline at high |")
         print("|---|---|---|---|---|---|")
         for n, r_lo, r_hi in one:
             print(f"| {n} | {'measured' if n in MEASURED else 'assumed'} | {x[n]:g} | {INPUTS[n][1]:g}-"
