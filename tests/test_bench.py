@@ -94,21 +94,6 @@ def test_time_to_accuracy_smooths_over_three_evaluations_and_pairs_the_arms_by_s
     assert "time to target, ours sync (grpo) / TRL GRPOTrainer: 1 of 1 seeds did not reach it" in r.stdout
 
 
-def test_gpu_model_is_bound_by_the_trainer_or_by_generation():
-    m = load_script("gpu_model")
-    x = {name: value for name, (value, _) in m.INPUTS.items()} | {"B": 7}
-    rows = {(name, split): (step, supply) for name, split, step, supply in m.model(x)}
-    assert {split for _, split in rows} == {"1 + 15", "16 (all)", "7 + 9"}  # B = 7: 1 or 7 trainer ranks
-    d = x["decode_ms"] / 1000
-    assert rows[("our sync (async=false)", "1 + 15")][0] == x["L_tail"] * d + x["score"] + x["train_1"] + x["push"]
-    step, supply = rows[("async in-flight", "7 + 9")]
-    assert step == x["train_1"] / 7 + x["allreduce"] + (x["push"] + x["decode_full_ms"] / 1000 + x["t_1"]) / 2
-    assert supply > 1  # trainer bound
-    few = {(name, split): (step, supply) for name, split, step, supply in m.model(x | {"B": 28, "ell": 2000})}
-    step, supply = few[("async in-flight", "14 + 2")]  # two searchers of long responses cannot keep up
-    assert supply == 1.0 and step == 28 * 20 / (2 * x["max_inflight"] / (2000 * x["decode_full_ms"] / 1000))
-
-
 def test_step_floors_times_each_part_of_a_step_alone(tmp_path):
     """scripts/step_floors.py on the tiny config: generation, reference log-probs, reward and the train step, each
     timed alone, in its table and its json (the HF engine at one thread keeps the test short)."""
