@@ -53,14 +53,6 @@ def test_bench_with_one_arm_reports_it_without_speedups(tiny_model, tmp_path):
     assert "| training loop seconds" in r.stdout and " | sync |" in r.stdout
 
 
-def load_script(name):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "scripts", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_time_to_accuracy_smooths_over_three_evaluations_and_pairs_the_arms_by_seed(tmp_path):
     """Hand-made runs: the clock leaves out evaluations (loop - evaluation seconds so far); an arm reaches the fixed
     target at the first evaluation where the mean of it and the two before reaches it (one lucky evaluation does
