@@ -399,6 +399,15 @@ def t_interval(xs):
     return xs.mean(), t * xs.std(ddof=1) / math.sqrt(n)
 
 
+def ratio_interval(pairs):
+    """Paired ratios a / b (one pair per seed or repeat): (geometric mean, low, high of its 95% t-interval on the log
+    scale; low and high None for fewer than two pairs)."""
+    mean, half = t_interval([math.log(a / b) for a, b in pairs])
+    if half is None:
+        return math.exp(mean), None, None
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
+
+
 def last_mean(run, metric, last):
     """The mean of the run's last `last` evaluations of eval/<metric> (fewer when it has fewer)."""
     values = [row[f"eval/{metric}"] for row in sorted(run["rows"], key=lambda r: r["step"]) if f"eval/{metric}" in row]

@@ -32,7 +32,6 @@ seeds on the log scale; "faster" or "slower" is said only when the interval excl
 import argparse
 import glob
 import json
-import math
 import os
 import statistics as st
 import subprocess
@@ -41,6 +40,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from tables import ratio_interval  # noqa: E402
+
 TINY = os.path.join(ROOT, "configs", "tiny.yaml")
 COMMON = ["eval_every=50", "n_test=1000", "test_data=procedural:test:1000", "time_budget_min=0", "progress=false"]
 ARMS = {"trl": None, "sync": ["loss=grpo", "async=false", "steps=500"],
@@ -185,15 +186,6 @@ def seconds_per_step(points, upto=300):
     """Training seconds per step over the first `upto` steps (the clock at that evaluation over its step)."""
     hit = next(((c, s) for c, s, _ in points if s == upto), None) or points[-1][:2]
     return hit[0] / hit[1] if hit[1] else float("nan")
-
-
-def ratio_interval(pairs):
-    """Paired ratios a / b over seeds: (geometric mean, low, high of its 95% t-interval; None with one seed)."""
-    from tables import t_interval
-    logs = [math.log(a / b) for a, b in pairs]
-    mean, half = t_interval(logs)
-    return math.exp(mean), (math.exp(mean - half) if half is not None else None), \
-        (math.exp(mean + half) if half is not None else None)
 
 
 def verdict(name, r, lo, hi, n, what):

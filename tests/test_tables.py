@@ -337,3 +337,13 @@ def test_paired_refuses_a_key_that_does_not_differ(runs, tmp_path):
         "error: --paired: 'weight_delay' does not differ between these runs (they differ in: m)")
     r = tables(*runs, "--paired", "m=0.5", cwd=tmp_path)
     assert r.returncode == 2 and "is not KEY=A,B" in r.stderr
+
+
+def test_ratio_interval_is_a_t_interval_on_the_log_of_paired_ratios():
+    from tables import ratio_interval
+    ratio, low, high = ratio_interval([(2.0, 1.0), (8.0, 1.0)])  # log ratios ln 2 and ln 8: geometric mean 4
+    assert ratio == pytest.approx(4.0) and low * high == pytest.approx(16.0)  # symmetric about 4 on the log scale
+    half = 12.706 * math.log(4.0) / 2  # t(0.975, 1 df) x sd / sqrt 2, sd = (ln 8 - ln 2) / sqrt 2
+    assert high == pytest.approx(4.0 * math.exp(half), rel=1e-6)
+    ratio, low, high = ratio_interval([(3.0, 2.0)])
+    assert ratio == pytest.approx(1.5) and low is None and high is None
