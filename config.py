@@ -89,7 +89,8 @@ class Config:
     n_searchers: int = key(2, "searcher ranks; the job has n_trainers + n_searchers processes", ge=1)
     engine: str = key("auto", "generation engine (auto: vllm when installed, else hf)", choices=("auto", "vllm", "hf"))
     S: int = key(8, "samples generated per prompt visit (paper: 24)", ge=1)
-    chunk_prompts: int = key(2, "prompts per generation call; a due sync waits for at most one chunk", ge=1)
+    chunk_prompts: int = key(2, "prompts per generation call; a due sync waits for at most one chunk (synchronous "
+                                "mode on vLLM: the searcher's whole share in one call)", ge=1)
     inflight: bool = key(False, "async with vLLM: the searchers never stop; their engine runs step by step, kept at "
                                 "max_inflight sequences (continuous batching), joins a round between two steps and "
                                 "loads new weights under running sequences, so a sample may span versions. The HF "

@@ -125,8 +125,13 @@ class ChunkedSearch:
         return True
 
     def work(self, budget):
-        """One chunk of at most `budget` prompt visits; returns how many it made."""
-        pids = self.searcher.shard.take(int(min(self.searcher.cfg.chunk_prompts, budget)))
+        """One chunk of at most `budget` prompt visits; returns how many it made. Synchronous mode on vLLM makes its
+        whole share in one call: no round can be joined between its chunks, and vLLM batches by itself (each call
+        costs a pass over the engine's steps, so on a small model one call of 4 prompts takes about the time of one
+        of 2); the HF engine keeps chunk_prompts, which bounds its batch's memory."""
+        cfg = self.searcher.cfg
+        whole = not cfg.asynchronous and self.searcher.engine.name == "vllm"
+        pids = self.searcher.shard.take(int(budget if whole else min(cfg.chunk_prompts, budget)))
         self.samples += self.searcher.search(pids, self.version)
         return len(pids)
 

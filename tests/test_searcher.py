@@ -123,3 +123,23 @@ def test_log_probs_in_token_budgeted_passes_equal_one_pass(tiny_model):
     assert [len(a) for a in whole] == [len(r) for r in responses]
     for a, b in zip(whole, parts):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_synchronous_vllm_search_makes_its_whole_share_in_one_call_and_hf_keeps_its_chunks():
+    """ChunkedSearch.work: in synchronous mode on vLLM one generation call for the share (4 prompts, chunk_prompts 2);
+    on the HF engine, and in asynchronous mode, chunks of chunk_prompts (a round can be joined between them)."""
+    import types
+    from config import Config
+    from searcher import ChunkedSearch
+
+    def calls(asynchronous, engine):
+        made = []
+        searcher = types.SimpleNamespace(cfg=Config(asynchronous=asynchronous, chunk_prompts=2),
+                                         engine=types.SimpleNamespace(name=engine), shard=Shard(1, 1, 10, 0),
+                                         search=lambda pids, version: made.append(len(pids)) or [])
+        strategy, budget = ChunkedSearch(searcher), 4
+        while budget:
+            budget -= strategy.work(budget)
+        return made
+    assert calls(False, "vllm") == [4]
+    assert calls(False, "hf") == [2, 2] and calls(True, "vllm") == [2, 2]
