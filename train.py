@@ -62,8 +62,12 @@ quiet_known_warnings()
 LOCAL_RANK, LOCAL_WORLD = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 GPUS = visible_gpus()  # the node's GPUs, before pin_gpu narrows CUDA_VISIBLE_DEVICES (--prepare reads them)
 pin_gpu(GPUS, LOCAL_WORLD, LOCAL_RANK)
+# OpenMP threads that finish a parallel region sleep rather than spin (read when torch loads its OpenMP runtime): a
+# trainer with a thread per core (train_threads) beside other busy processes on a few cores otherwise spins against
+# them (a tiny train step at 2 threads beside a running job on 2 cores: 3.2 s spinning, 0.3 s sleeping, 0.9 s at 1)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
+import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES and OMP_WAIT_POLICY are set)
 
 import checkpoint  # noqa: E402
 import failures  # noqa: E402

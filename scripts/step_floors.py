@@ -29,6 +29,7 @@ sys.path.insert(0, ROOT)
 from config import load_config, quiet_known_warnings  # noqa: E402
 
 quiet_known_warnings()
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as train.py sets it for every rank, before torch loads
 
 
 def timed(fn, repeats):
