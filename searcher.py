@@ -33,8 +33,10 @@ _built = {}  # (task, hook) -> the object the task's make_scorer / make_evaluato
 def new_stats():
     """A searcher's counters between two rounds (sync.Report carries them to the trainer). gen_s is all of its
     search work: generation, then scoring (ref_s: reference log-probs, reward_s: decoding and rewards); eval_s is
-    its evaluation in a round, kept out of the search's idle ratio."""
-    return dict(tokens=0, gen_s=0.0, ref_s=0.0, reward_s=0.0, eval_s=0.0, reward_errors=0, reward_timeouts=0)
+    its evaluation in a round, kept out of the search's idle ratio, and load_s the round's weight load: both
+    happen in a round, after its report, so they go in the next one."""
+    return dict(tokens=0, gen_s=0.0, ref_s=0.0, reward_s=0.0, eval_s=0.0, load_s=0.0, reward_errors=0,
+                reward_timeouts=0)
 
 
 def task_hook(task, hook, cfg, device):
@@ -368,11 +370,13 @@ def run(cfg, comm, ctx):
             strategy.new_weights(max(step - cfg.weight_delay, 0))
         now = time.perf_counter()  # the window: since the last hand-over, its round's evaluation left out
         report = sync.Report(samples, stats["tokens"], stats["gen_s"], stats["ref_s"], stats["reward_s"],
-                             now - handed - stats["eval_s"], stats["reward_errors"], stats["reward_timeouts"], place)
+                             now - handed - stats["eval_s"], stats["load_s"], stats["reward_errors"],
+                             stats["reward_timeouts"], place)
         handed = now
-        sync.searcher_round(comm, transport, flags, report, engine, ref_model, prompts[0], searcher.evaluate_share)
-        budget = limit
         stats.update(new_stats())
+        stats["load_s"] = sync.searcher_round(comm, transport, flags, report, engine, ref_model, prompts[0],
+                                              searcher.evaluate_share)  # evaluate_share adds this round's eval_s
+        budget = limit
         if flags & sync.Flag.STOP:
             break
     transport.close()

@@ -147,6 +147,7 @@ def gather(run, step, flags, announced=False):
            # time (evaluations left out) that it did none of them: waiting for a round, in one, or for weights
            "search/generate_seconds": (gen_s - ref_s - reward_s) / len(reports),
            "search/ref_seconds": ref_s / len(reports), "search/reward_seconds": reward_s / len(reports),
+           "search/load_seconds": sum(r.load_s for r in reports) / len(reports),  # the last round's weights
            "search/idle_ratio": max(0.0, 1 - gen_s / window_s) if window_s > 0 else 0.0,
            "search/reward_errors": sum(r.reward_errors for r in gathered.reports),
            "search/reward_timeouts": sum(r.reward_timeouts for r in gathered.reports)}

@@ -44,6 +44,7 @@ def check_run(rows, probes, summary, steps):
     assert rounds and all(0 <= r["search/idle_ratio"] <= 1 for r in rounds)
     assert all(min(r["search/generate_seconds"], r["search/ref_seconds"], r["search/reward_seconds"]) >= 0
                and r["search/generate_seconds"] > 0 for r in rounds if r["sync/samples"])
+    assert any(r["search/load_seconds"] > 0 for r in rounds)  # the weights pushed a round before
     assert "accuracy" in summary["eval_start"] and "accuracy" in summary["eval_end"]
 
 

@@ -165,15 +165,16 @@ class Reporting:
 
 def test_a_round_breaks_the_searchers_time_down_and_says_how_idle_they_were():
     """search/generate_seconds, ref_seconds, reward_seconds: per searcher, generation apart from the scoring that
-    gen_s includes; search/idle_ratio: the share of both searchers' windows spent on none of it."""
+    gen_s includes; search/load_seconds: the last round's weight load; search/idle_ratio: the share of both
+    searchers' windows spent on none of it."""
     import types
     import failures
     import runlog
     import trainer
     from buffer import ReplayBuffer, Sample
     sample = Sample(0, (5, 6), 1.0, -1.0, -1.2, 0, True, ())
-    reports = [sync.Report([sample], 100, 2.0, 0.5, 0.3, 4.0, 0, 0, None),  # busy 2 s of 4
-               sync.Report([], 50, 1.0, 0.2, 0.2, 4.0, 0, 0, None)]  # busy 1 s of 4
+    reports = [sync.Report([sample], 100, 2.0, 0.5, 0.3, 4.0, 0.1, 0, 0, None),  # busy 2 s of 4
+               sync.Report([], 50, 1.0, 0.2, 0.2, 4.0, 0.3, 0, 0, None)]  # busy 1 s of 4
     state = types.SimpleNamespace(buffer=ReplayBuffer(Config()), trained=0, generated=0, step=1, places={},
                                   timers=runlog.Timers(), rewards=failures.RewardWindow(0.5))
     run = trainer.Run(Config(), Reporting(reports), None, None, state, None, [])
@@ -181,4 +182,5 @@ def test_a_round_breaks_the_searchers_time_down_and_says_how_idle_they_were():
     assert row["search/generate_seconds"] == pytest.approx(((2.0 - 0.5 - 0.3) + (1.0 - 0.2 - 0.2)) / 2)
     assert row["search/ref_seconds"] == pytest.approx(0.35) and row["search/reward_seconds"] == pytest.approx(0.25)
     assert row["search/idle_ratio"] == pytest.approx(1 - 3.0 / 8.0)
+    assert row["search/load_seconds"] == pytest.approx(0.2)
     assert row["search/tokens_per_s"] == pytest.approx(150 / 3.0) and row["sync/samples"] == 1
