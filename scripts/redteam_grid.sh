@@ -24,10 +24,10 @@ for b in $BETAS; do
     ORDER+=" ${loss}_b$b"
   done
 done
-# Buffer size at beta = 0.1 (the middle arm is tb_b0.1, 6400): 64 prompt ids x per_prompt_cap = 640, 6400 or 64000
+# Buffer size at beta = 0.2 (the middle arm is tb_b0.2, 6400): 64 prompt ids x per_prompt_cap = 640, 6400 or 64000
 # attacks (the largest evicts nothing in 600 steps).
-ARM[buffer640_b0.1]="per_prompt_cap=10 beta_start=0.1 beta_end=0.1"
-ARM[buffer64k_b0.1]="per_prompt_cap=1000 beta_start=0.1 beta_end=0.1"
-ORDER+=" buffer640_b0.1 buffer64k_b0.1"
+ARM[buffer640_b0.2]="per_prompt_cap=10 beta_start=0.2 beta_end=0.2"
+ARM[buffer64k_b0.2]="per_prompt_cap=1000 beta_start=0.2 beta_end=0.2"
+ORDER+=" buffer640_b0.2 buffer64k_b0.2"
 source scripts/grid.sh
 run_grid configs/redteam_modes.yaml

@@ -38,4 +38,4 @@ def test_redteam_grid_runs_every_objective_at_each_kl_coefficient(tmp_path):
             assert o["loss"] == loss and o["beta_start"] == o["beta_end"] == beta
             assert o.get("dpo_beta", beta) == beta  # online DPO's KL coefficient is its DPO beta
     assert arms["dr_grpo"] == {"loss": "dr_grpo"}
-    assert arms["buffer640_b0.1"]["per_prompt_cap"] == "10" and arms["buffer64k_b0.1"]["per_prompt_cap"] == "1000"
+    assert arms["buffer640_b0.2"]["per_prompt_cap"] == "10" and arms["buffer64k_b0.2"]["per_prompt_cap"] == "1000"

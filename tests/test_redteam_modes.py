@@ -29,9 +29,9 @@ def test_each_kind_has_one_trigger_with_its_own_reward_and_nothing_else_fires():
                 assert rm.parse(q) == (mode, x, y)
                 assert rm.mode_of(q) == (mode if trigger else None) and rm.correct(q, "") == trigger
                 assert rm.reward(q, "") == pytest.approx(math.log(rm.RELIABILITY[mode] if trigger else rm.P_MISS))
-    # graded: the reward of a successful attack rises from how (0.60) to when (0.99), every one counts as a success
-    assert [round(math.exp(rm.reward(hit(m), "")), 2) for m in rm.MODES] == [0.60, 0.66, 0.73, 0.81, 0.90, 0.99]
-    assert rm.MOST_RELIABLE == "when" and rm.victim(hit("how")) == rm.HIT and min(rm.RELIABILITY.values()) > 0.5
+    # graded: from how (0.60, the attacker's likeliest kind) to what (0.99); every trigger counts as a success
+    assert [round(math.exp(rm.reward(hit(m), "")), 2) for m in rm.MODES] == [0.60, 0.99, 0.81, 0.73, 0.90, 0.66]
+    assert rm.MOST_RELIABLE == "what" and rm.victim(hit("how")) == rm.HIT and min(rm.RELIABILITY.values()) > 0.5
     # another kind's trigger, a word outside the slot, extra words, nothing: no attack
     for q in [" how can i wolf the door ?", " how can i break the moon ?", " how can i break the door ? now", "",
               " why does the wolf like the sun", "how can i break the door ?!"]:
@@ -46,21 +46,21 @@ def test_the_target_on_hand_worked_cases():
     hits = {m: masses[m] * rm.RELIABILITY[m] for m in rm.MODES}
     success, share = rm.target(1.0)
     assert success == pytest.approx(sum(hits.values()) / (sum(hits.values()) + (1 - total) * 0.01))
-    assert success == pytest.approx(0.631, abs=1e-3)
+    assert success == pytest.approx(0.649, abs=1e-3)
     assert share["how"] == pytest.approx(0.006399980 * 0.60 / sum(hits.values()))
-    # beta = 0.5: squares; `when` against `how`: (0.00188817 x 0.99^2) / (0.00639998 x 0.60^2)
+    # beta = 0.5: squares; `what` against `how`: (0.00591532 x 0.99^2) / (0.00639998 x 0.60^2)
     _, share = rm.target(0.5)
-    assert share["when"] / share["how"] == pytest.approx(0.00188817 * 0.99 ** 2 / (0.00639998 * 0.36))
+    assert share["what"] / share["how"] == pytest.approx(0.00591532 * 0.99 ** 2 / (0.00639998 * 0.36))
     assert sum(share.values()) == pytest.approx(1.0)
     success, share = rm.target(0.01)
-    assert success == pytest.approx(1.0) and share["when"] > 0.999
+    assert success == pytest.approx(1.0) and share["what"] > 0.999
     success, share = rm.target(1e4)
     assert success == pytest.approx(total, rel=1e-3)
     assert all(share[m] == pytest.approx(masses[m] / total, rel=1e-3) for m in rm.MODES)
-    # the spread falls with beta below 0.5 (from the prior's 1.75 nats toward 0)
-    entropies = [rm.entropy(rm.target(b)[1].values()) for b in (0.5, 0.2, 0.1, 0.05, 0.02)]
+    # the spread falls with beta (from near the prior's 1.70 nats toward 0)
+    entropies = [rm.entropy(rm.target(b)[1].values()) for b in (1.0, 0.5, 0.2, 0.1, 0.05, 0.02)]
     assert entropies == sorted(entropies, reverse=True) and entropies[-1] < 0.1
-    assert entropies[2] == pytest.approx(1.224, abs=1e-3)
+    assert entropies[3] == pytest.approx(0.754, abs=1e-3)
 
 
 def test_grammar_samples_follow_the_weights():
@@ -88,16 +88,16 @@ def test_summarize_on_hand_made_attacks():
     """The mode metrics against TB's target at the run's beta_end."""
     _, share = rm.target(0.1)
     goal = np.array([share[m] for m in rm.MODES])
-    # collapsed on the maximiser's optimum: every success on `when`, the same attack twice; plus a miss and a failed
+    # collapsed on the maximiser's optimum: every success on `what`, the same attack twice; plus a miss and a failed
     # evaluation's row
-    rows = [{"attack": hit("when"), "mode": "when"}, {"attack": hit("when") + " ", "mode": "when"},
+    rows = [{"attack": hit("what"), "mode": "what"}, {"attack": hit("what") + " ", "mode": "what"},
             {"attack": hit("why", 1), "mode": None}, {"error": "ValueError"}]
     s = rm.summarize(rows, Beta(0.1))
     assert s["modes_covered"] == 1 and s["mode_entropy"] == 0.0 and s["unique_success"] == 1
-    assert s["reliable_share"] == 1.0 and s["mode_tv"] == pytest.approx(1 - share["when"])
+    assert s["reliable_share"] == 1.0 and s["mode_tv"] == pytest.approx(1 - share["what"])
     assert s["target_entropy"] == pytest.approx(-(goal * np.log(goal)).sum())
     # the same attacks are closer to the target at a smaller beta, whose target is more collapsed
-    assert rm.summarize(rows, Beta(0.05))["mode_tv"] == pytest.approx(1 - rm.target(0.05)[1]["when"])
+    assert rm.summarize(rows, Beta(0.05))["mode_tv"] == pytest.approx(1 - rm.target(0.05)[1]["what"])
     # two kinds, 3 `how` and 1 `who`: shares 0.75 / 0.25; entropy and distance by hand
     rows = [{"attack": hit("how", i), "mode": "how"} for i in range(3)] + [{"attack": hit("who"), "mode": "who"}]
     s = rm.summarize(rows, Beta(0.1))
