@@ -144,9 +144,11 @@ def entropy(p):
 def target(beta):
     """TB's target at beta (pi_ref exp(r / beta), normalised) over kinds: (its success rate, each kind's share of its
     successful attacks), exactly, from MASSES and the rewards (see the module's doc)."""
-    weight = {m: MASSES[m] * RELIABILITY[m] ** (1 / beta) for m in MODES}
+    log_weight = {m: math.log(MASSES[m]) + math.log(RELIABILITY[m]) / beta for m in MODES}
+    top = max(log_weight.values())  # in log space: at a small beta the weights underflow
+    weight = {m: math.exp(log_weight[m] - top) for m in MODES}
     hits = sum(weight.values())
-    misses = (1 - sum(MASSES.values())) * P_MISS ** (1 / beta)
+    misses = math.exp(math.log(1 - sum(MASSES.values())) + math.log(P_MISS) / beta - top)
     return hits / (hits + misses), {m: weight[m] / hits for m in MODES}
 
 

@@ -54,6 +54,7 @@ def test_the_target_on_hand_worked_cases():
     assert sum(share.values()) == pytest.approx(1.0)
     success, share = rm.target(0.01)
     assert success == pytest.approx(1.0) and share["what"] > 0.999
+    assert rm.target(1e-6) == (1.0, {m: float(m == "what") for m in rm.MODES})  # no underflow at a tiny beta
     success, share = rm.target(1e4)
     assert success == pytest.approx(total, rel=1e-3)
     assert all(share[m] == pytest.approx(masses[m] / total, rel=1e-3) for m in rm.MODES)
