@@ -479,10 +479,11 @@ def paired_diffs(runs, keys, value, pair, scale):
     return others, {values: d for values, d in sorted(diffs.items(), key=lambda kv: sort_key(kv[0])) if d}
 
 
-def paired_table(runs, keys, value, pair, contrast, scale, what):
+def paired_table(runs, keys, value, pair, contrast, scale, what, digits):
     """--paired KEY=A,B [--contrast K=V]: the paired differences of each group (and, over several groups, all their
     pairs pooled) and, with a contrast, the differences of differences against the group K=V, each as mean [95% CI]
-    over the seeds, with the verdict its interval gives. value(run): a run's number (`what` says which)."""
+    over the seeds, with the verdict its interval gives. value(run): a run's number (`what` says which), shown with
+    `digits` decimals."""
     others, diffs = paired_diffs(runs, keys, value, pair, scale)
     (key, (a, b)), names = pair, [{"asynchronous": "async"}.get(k, k) for k in others] or ["group"]
     table = [(values, f"{key}={a} minus {key}={b}", d) for values, d in diffs.items()]
@@ -505,10 +506,10 @@ def paired_table(runs, keys, value, pair, contrast, scale, what):
     print("|" + "---|" * (len(names) + 5))
     for values, label, d in table:
         mean, half = t_interval(list(d.values()))
-        ci = "-" if half is None else f"[{mean - half:+.1f}, {mean + half:+.1f}]"
+        ci = "-" if half is None else f"[{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
         verdict = ("-" if half is None else "below 0" if mean + half < 0 else "above 0" if mean - half > 0
-                   else f"not told apart at ±{half:.1f}")
-        print("| " + " | ".join([str(v) for v in values] or ["all"]) + f" | {label} | {len(d)} | {mean:+.1f} | {ci} | "
+                   else f"not told apart at ±{half:.{digits}f}")
+        print("| " + " | ".join([str(v) for v in values] or ["all"]) + f" | {label} | {len(d)} | {mean:+.{digits}f} | {ci} | "
               f"{verdict} |")
 
 
@@ -558,10 +559,10 @@ def main():
         if levels:
             what = f"eval/{args.metric} where eval/{args.front} first reaches {levels[0]:g}"
             return paired_table(runs, keys, lambda r: matched_value(r, args.metric, args.front, levels[0]), pair,
-                                contrast, scale, what)
+                                contrast, scale, what, digits)
         last = max(1, args.last)
         what = f"eval/{args.metric}" + (f", mean of the last {last} evaluations" if last > 1 else "")
-        return paired_table(runs, keys, lambda r: last_mean(r, args.metric, last), pair, contrast, scale, what)
+        return paired_table(runs, keys, lambda r: last_mean(r, args.metric, last), pair, contrast, scale, what, digits)
     if args.against:
         against = ALIASES.get(args.against, args.against)
         if against not in keys:

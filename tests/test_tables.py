@@ -386,10 +386,10 @@ def test_match_compares_runs_where_their_front_reaches_a_level(tmp_path):
     rows = {r[0]: r[1:] for r in table_rows(p.stdout)[1:]}
     diffs = [0.5 - rloo_at[0], 0.9 - rloo_at[1]]
     for beta in ("0.1", "1.0"):
-        assert rows[beta][:3] == ["loss=tb minus loss=rloo", "2", f"{statistics.mean(diffs):+.1f}"]
+        assert rows[beta][:3] == ["loss=tb minus loss=rloo", "2", f"{statistics.mean(diffs):+.3f}"]
     half = 3.182 * statistics.stdev(diffs * 2) / 2  # t at 3 degrees of freedom
     pooled = statistics.mean(diffs)
-    assert rows["pooled"][1:4] == ["4", f"{pooled:+.1f}", f"[{pooled - half:+.1f}, {pooled + half:+.1f}]"]
+    assert rows["pooled"][1:4] == ["4", f"{pooled:+.3f}", f"[{pooled - half:+.3f}, {pooled + half:+.3f}]"]  # nats
     for bad, why in ((["--match", "0.5", "--finals", "mode_entropy"], "--match needs --front X"),
                      (["--front", "attack_success", "--match", "0.5"], "--match needs --front X"),
                      (["--front", "attack_success", "--match", "x", "--finals", "mode_entropy"], "is not V[,V2...]")):
