@@ -3,7 +3,7 @@
 # 0-2, one seed at a time over every arm so a partial grid is balanced; rerunning skips finished runs (summary.json).
 # Every asynchronous arm trains on 64 samples per step at a pinned replay ratio (max_reuse: the trainer waits for fresh
 # samples), so the figures do not depend on the machine's speed.
-#   bash scripts/redteam_grid.sh                  # every arm (57 runs);  ARMS="tb_b0.1 dr_grpo" SEEDS="0" for a part
+#   bash scripts/redteam_grid.sh                  # every arm (60 runs);  ARMS="tb_b0.1 dr_grpo" SEEDS="0" for a part
 #   DRY_RUN=1 bash scripts/redteam_grid.sh        # only print the runs
 # The tables and plots: docs/tasks.md.
 set -uo pipefail
@@ -11,10 +11,10 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-out/redteam_modes}
 SEEDS=${SEEDS:-"0 1 2"}
 BETAS="0.05 0.1 0.2 1.0"
-# The positive control: a reward maximiser without a KL term (Dr. GRPO), whose optimum is every attack on the most
-# reliable kind.
-declare -A ARM=([dr_grpo]="loss=dr_grpo")
-ORDER="dr_grpo"
+# Reward maximisers without a KL term, whose optimum is every attack on the most reliable kind: GRPO at a negligible KL
+# weight (the positive control: it collapses in the pilot) and Dr. GRPO (no KL term; it did not in the pilot).
+declare -A ARM=([grpo_nokl]="loss=grpo beta_start=0.0001 beta_end=0.0001" [dr_grpo]="loss=dr_grpo")
+ORDER="grpo_nokl dr_grpo"
 # The objectives at the same KL coefficient (TB's beta = GRPO's and RLOO's KL weight = online DPO's DPO beta), swept:
 # the same target, pi_ref exp(r / beta) normalised, for each objective at a beta.
 for b in $BETAS; do

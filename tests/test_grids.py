@@ -30,12 +30,12 @@ def test_redteam_grid_runs_every_objective_at_each_kl_coefficient(tmp_path):
     p = grid("redteam_grid.sh", tmp_path, DRY_RUN="1")
     assert p.returncode == 0, p.stderr
     runs = [line[3:].split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
-    assert len(runs) == 57 and not os.listdir(tmp_path)  # 19 arms x 3 seeds, nothing launched
+    assert len(runs) == 60 and not os.listdir(tmp_path)  # 20 arms x 3 seeds, nothing launched
     arms = {head.split(" ")[0]: dict(kv.split("=") for kv in overrides.split()) for head, overrides in runs}
     for beta in ("0.05", "0.1", "0.2", "1.0"):
         for loss in ("tb", "grpo", "rloo", "online_dpo"):
             o = arms[f"{loss}_b{beta}"]
             assert o["loss"] == loss and o["beta_start"] == o["beta_end"] == beta
             assert o.get("dpo_beta", beta) == beta  # online DPO's KL coefficient is its DPO beta
-    assert arms["dr_grpo"] == {"loss": "dr_grpo"}
+    assert arms["dr_grpo"] == {"loss": "dr_grpo"} and arms["grpo_nokl"]["beta_end"] == "0.0001"
     assert arms["buffer640_b0.2"]["per_prompt_cap"] == "10" and arms["buffer64k_b0.2"]["per_prompt_cap"] == "1000"
