@@ -138,7 +138,7 @@ def correct(completion, answer):
 
 
 def entropy(p):
-    return -sum(q * math.log(q) for q in p if q > 0)
+    return 0.0 - sum(q * math.log(q) for q in p if q > 0)  # 0.0, not -0.0, for one kind
 
 
 def target(beta):
