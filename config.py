@@ -41,7 +41,7 @@ class Config:
     section("run")
     out_dir: str = key("out/tiny", "run directory: config.yaml, metrics.jsonl, summary.json, tensorboard events, "
                                    "checkpoints/")
-    seed: int = key(0, "base seed; searcher r uses seed + r", ge=0)
+    seed: int = key(0, "base seed; searcher r draws from streams seeded by (seed, r)", ge=0)
     steps: int = key(60, "trainer optimizer steps (paper: 700 for GSM8K)", ge=1)
     time_budget_min: float = key(0.0, "stop after this many wall-clock minutes (0 = no budget); the last step still "
                                       "syncs, evaluates and saves", ge=0)

@@ -303,6 +303,14 @@ def fit_lengths(cfg, tok, prompts, test):
     return cfg, max_len, warning
 
 
+def stream_seed(seed, rank):
+    """The seed of searcher `rank`'s random streams (its engine's sampling, its shard's order) in the run of `seed`:
+    distinct for every (seed, rank). With seed + rank, run s's searcher 2 and run s + 1's searcher 1 would draw the
+    same numbers (vLLM on CPU samples from the torch generator the engine's seed starts), so seeds would not be
+    independent repeats."""
+    return int(np.random.SeedSequence((seed, rank)).generate_state(1)[0])
+
+
 def build(cfg, comm, ctx, max_len):
     """The frozen reference model and the engine. With every rank on one GPU they are built in turns (comm.wait_turn
     says why), and this searcher goes on once every engine is built: its first generations would move the device's
@@ -311,8 +319,8 @@ def build(cfg, comm, ctx, max_len):
     if shared:
         comm.wait_turn()
     ref_model = load_model(cfg.model, cfg.dtype, ctx.device).eval()  # pi_ref (frozen unless TBA' resets it)
-    engine = make_engine(cfg, ctx.device, cfg.seed + comm.rank, ctx.tok.pad_token_id, ctx.tok.eos_token_id, max_len,
-                         rank=comm.rank, engines_per_gpu=comm.world - 1 if shared else 1)
+    engine = make_engine(cfg, ctx.device, stream_seed(cfg.seed, comm.rank), ctx.tok.pad_token_id, ctx.tok.eos_token_id,
+                         max_len, rank=comm.rank, engines_per_gpu=comm.world - 1 if shared else 1)
     if shared:
         comm.end_turn()
         comm.wait_turn(comm.world - 1)
@@ -339,7 +347,7 @@ def run(cfg, comm, ctx):
     failures.leave_on_signal(comm.store, rank)  # SIGTERM / SIGINT: the trainer saves, a searcher leaves quietly
     transport = ctx.make_transport(comm, None)  # first: the trainer starts the build turns after this collective
     ref_model, engine = build(cfg, comm, ctx, max_len)
-    shard = Shard(rank, n_searchers, len(ctx.train), cfg.seed + rank)
+    shard = Shard(rank, n_searchers, len(ctx.train), stream_seed(cfg.seed, rank))
     if ctx.resume:
         resume(ctx.resume, rank, shard, engine, ref_model)
     test_share = [(i, ctx.test[i]) for i in range(rank - 1, len(ctx.test), n_searchers)]

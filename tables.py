@@ -8,6 +8,8 @@
     python tables.py out/rt/* --metric attack_success --finals attack_success,modes_covered,mode_tv  # several finals
     python tables.py out/tldr_mini/* --metric win_rate --front kl  # win rate against KL through each run (a front)
     python tables.py out/stale/* --paired weight_delay=0,64 --contrast loss=tb --last 3  # paired seeds, 95% intervals
+    python tables.py out/rt/* --front attack_success --match 0.5 --finals mode_entropy,mode_tv  # at equal success
+    python tables.py out/rt/* --paired loss=tb,rloo --front attack_success --match 0.5 --metric mode_entropy
 
 A run dir holds config.yaml, metrics.jsonl and summary.json (see README). Runs without summary.json (crashed or
 unfinished) are named in one warning and skipped. Rates (accuracy, win_rate, attack_success_rate) are in percent,
@@ -16,7 +18,10 @@ seed shows the bare value. gain = final - start; best = the best evaluation of t
 With --against KEY: drop = final - final of the same group at KEY's smallest value; collapsed = runs that ended below
 their start. With --paired KEY=A,B: per seed, the metric at KEY=A minus the metric at KEY=B within each group of the
 other keys, and (--contrast K=V) the group K=V's difference minus each other group's, per seed; mean and 95%
-t-interval over the seeds (t with n - 1 degrees of freedom), and the verdict the interval gives.
+t-interval over the seeds (t with n - 1 degrees of freedom), and the verdict the interval gives; with more than one
+group of the other keys, a last row pools every group's pairs. With --front X --match V, a run's value of a metric is
+taken where the run's eval/X first reaches V (interpolated between the two evaluations around it): runs compared at
+equal X, as on a front, instead of at their ends.
 """
 import argparse
 import csv
@@ -214,6 +219,9 @@ def parse_args():
                    "line per group (mean over its seeds at each step), e.g. --metric win_rate --front kl")
     p.add_argument("--band", default="", help="with --front X: LO,HI: a table of --metric averaged over each run's "
                    "evaluations with eval/X in [LO, HI] (the groups compared on the front at equal X)")
+    p.add_argument("--match", default="", help="with --front X: V[,V2...]: each metric where each run's eval/X first "
+                   "reaches V, interpolated between evaluations (a table per V with --finals; the paired values with "
+                   "--paired), e.g. --front attack_success --match 0.5")
     p.add_argument("--at", default=None, help="with --finals: the values at this step's evaluation instead of the "
                    "run's end, or 'best': at each run's evaluation where --metric is best (the peak of a front)")
     p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
@@ -384,6 +392,37 @@ def band_table(groups, names, metric, x, lo, hi):
         print("| " + " | ".join(cells) + " |")
 
 
+def matched_value(run, metric, x, level):
+    """eval/<metric> (or the step, metric "step") where the run's eval/<x> first reaches `level`, linear between the
+    evaluation before and the one at the crossing; the first evaluation's value if it starts there, NaN if never."""
+    points = [(row[f"eval/{x}"], row["step"] if metric == "step" else row.get(f"eval/{metric}", float("nan")))
+              for row in sorted(run["rows"], key=lambda r: r["step"]) if f"eval/{x}" in row]
+    for i, (xi, yi) in enumerate(points):
+        if xi >= level:
+            if i == 0:
+                return yi
+            x0, y0 = points[i - 1]
+            return y0 + (level - x0) / (xi - x0) * (yi - y0)
+    return float("nan")
+
+
+def matched_table(groups, names, metrics, x, level):
+    """--finals with --front X --match V: per group, each metric where each run's eval/<x> first reaches V (mean ±
+    s.e. over the runs that reach it; `runs`: those of all; `step`: the mean step of the crossing)."""
+    print(f"where eval/{x} first reaches {level:g}:")
+    print("| " + " | ".join((names or ["group"]) + ["runs", "step"] + list(metrics)) + " |")
+    print("|" + "---|" * (len(names or ["group"]) + 2 + len(metrics)))
+    for values, members in groups.items():
+        reached = [r for r in members if np.isfinite(matched_value(r, "step", x, level))]
+        cells = ([str(v) for v in values] or ["all"]) + [f"{len(reached)}/{len(members)}"]
+        for m in (["step"] + list(metrics)) if reached else []:
+            ys = [matched_value(r, m, x, level) for r in reached]
+            scale, digits = (1.0, 0) if m == "step" else (100.0, 1) if m in PERCENT else (1.0, 3)
+            cells.append(fmt(*mean_se(ys, scale), digits))
+        cells += [] if reached else ["-"] * (1 + len(metrics))
+        print("| " + " | ".join(cells) + " |")
+
+
 # t quantile 0.975 for 1..30 degrees of freedom; past 30, z + (z^3 + z) / (4 df) (within 0.003 of the exact value)
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
@@ -431,8 +470,9 @@ def same(value, text):
         return False
 
 
-def paired_diffs(runs, keys, metric, pair, last, scale):
-    """{values of the other keys: {seed: metric at KEY=A - metric at KEY=B}} over the seeds that have both."""
+def paired_diffs(runs, keys, value, pair, scale):
+    """{values of the other keys: {seed: value(run at KEY=A) - value(run at KEY=B)}} over the seeds that have both
+    (and where both are numbers: a run that never reached a --match level has none)."""
     key, (a, b) = pair
     others = [k for k in keys if k != key]
     cells = {}
@@ -440,19 +480,25 @@ def paired_diffs(runs, keys, metric, pair, last, scale):
         side = 0 if same(r["cfg"].get(key), a) else 1 if same(r["cfg"].get(key), b) else None
         if side is not None:
             cell = cells.setdefault(tuple(r["cfg"].get(k) for k in others), {}).setdefault(r["cfg"]["seed"], [None] * 2)
-            cell[side] = last_mean(r, metric, last) * scale
-    diffs = {values: {s: v[0] - v[1] for s, v in seeds.items() if None not in v} for values, seeds in cells.items()}
+            cell[side] = value(r) * scale
+    diffs = {values: {s: v[0] - v[1] for s, v in seeds.items() if None not in v and np.isfinite(v[0] - v[1])}
+             for values, seeds in cells.items()}
     if not any(diffs.values()):
         fail(f"--paired: no seed has runs at both {key}={a} and {key}={b}")
     return others, {values: d for values, d in sorted(diffs.items(), key=lambda kv: sort_key(kv[0])) if d}
 
 
-def paired_table(runs, keys, metric, pair, contrast, last, scale):
-    """--paired KEY=A,B [--contrast K=V]: the paired differences of each group and, with a contrast, the differences
-    of differences against the group K=V, each as mean [95% CI] over the seeds, with the verdict its interval gives."""
-    others, diffs = paired_diffs(runs, keys, metric, pair, last, scale)
+def paired_table(runs, keys, value, pair, contrast, scale, what, digits):
+    """--paired KEY=A,B [--contrast K=V]: the paired differences of each group (and, over several groups, all their
+    pairs pooled) and, with a contrast, the differences of differences against the group K=V, each as mean [95% CI]
+    over the seeds, with the verdict its interval gives. value(run): a run's number (`what` says which), shown with
+    `digits` decimals."""
+    others, diffs = paired_diffs(runs, keys, value, pair, scale)
     (key, (a, b)), names = pair, [{"asynchronous": "async"}.get(k, k) for k in others] or ["group"]
     table = [(values, f"{key}={a} minus {key}={b}", d) for values, d in diffs.items()]
+    if len(diffs) > 1:
+        pooled = {(values, s): x for values, d in diffs.items() for s, x in d.items()}
+        table.append((["pooled"] * len(names), f"{key}={a} minus {key}={b}", pooled))
     if contrast:
         ck, (cv,) = contrast
         if ck not in others:
@@ -464,16 +510,15 @@ def paired_table(runs, keys, metric, pair, contrast, last, scale):
             ref = base.get(values[:i] + values[i + 1:])
             if ref is not None and not same(values[i], cv):
                 table.append((values, f"({ck}={cv}) minus this", {s: ref[s] - d[s] for s in d if s in ref}))
-    last_text = f", mean of the last {last} evaluations" if last > 1 else ""
-    print(f"per seed: eval/{metric}{last_text}; mean and 95% t-interval over the paired seeds")
+    print(f"per seed: {what}; mean and 95% t-interval over the paired seeds")
     print("| " + " | ".join(names + ["difference", "n", "mean", "95% CI", "verdict"]) + " |")
     print("|" + "---|" * (len(names) + 5))
     for values, label, d in table:
         mean, half = t_interval(list(d.values()))
-        ci = "-" if half is None else f"[{mean - half:+.1f}, {mean + half:+.1f}]"
+        ci = "-" if half is None else f"[{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
         verdict = ("-" if half is None else "below 0" if mean + half < 0 else "above 0" if mean - half > 0
-                   else f"not told apart at ±{half:.1f}")
-        print("| " + " | ".join([str(v) for v in values] or ["all"]) + f" | {label} | {len(d)} | {mean:+.1f} | {ci} | "
+                   else f"not told apart at ±{half:.{digits}f}")
+        print("| " + " | ".join([str(v) for v in values] or ["all"]) + f" | {label} | {len(d)} | {mean:+.{digits}f} | {ci} | "
               f"{verdict} |")
 
 
@@ -486,12 +531,28 @@ def write_csv(records, path):
     print(f"csv: {path}")
 
 
+def match_levels(args):
+    """--match's levels (numbers), checked: it needs --front, and --finals or --paired to say what to show."""
+    if not args.match:
+        return []
+    try:
+        levels = [float(v) for v in args.match.split(",") if v.strip()]
+    except ValueError:
+        fail(f"--match: '{args.match}' is not V[,V2...]")
+    if not args.front or not (args.finals or args.paired) or not levels:
+        fail("--match needs --front X (the metric whose level it is) and --finals or --paired (what to show there)")
+    if args.paired and len(levels) > 1:
+        fail("--paired takes one --match level")
+    return levels
+
+
 def main():
     args = parse_args()
     if args.at not in (None, "best"):
         if not args.at.isdigit():
             fail(f"--at: '{args.at}' is neither a step nor 'best'")
         args.at = int(args.at)
+    levels = match_levels(args)
     runs = load_finished(args.runs, args.metric)
     keys, groups = group_runs(runs, args.group_by)
     names = [{"asynchronous": "async"}.get(k, k) for k in keys]
@@ -504,7 +565,13 @@ def main():
             fail(f"--paired: '{pair[0]}' does not differ between these runs (they differ in: "
                  f"{', '.join(names) or 'nothing'})")
         contrast = parse_pair(args.contrast, "--contrast", 1) if args.contrast else None
-        return paired_table(runs, keys, args.metric, pair, contrast, max(1, args.last), scale)
+        if levels:
+            what = f"eval/{args.metric} where eval/{args.front} first reaches {levels[0]:g}"
+            return paired_table(runs, keys, lambda r: matched_value(r, args.metric, args.front, levels[0]), pair,
+                                contrast, scale, what, digits)
+        last = max(1, args.last)
+        what = f"eval/{args.metric}" + (f", mean of the last {last} evaluations" if last > 1 else "")
+        return paired_table(runs, keys, lambda r: last_mean(r, args.metric, last), pair, contrast, scale, what, digits)
     if args.against:
         against = ALIASES.get(args.against, args.against)
         if against not in keys:
@@ -526,6 +593,10 @@ def main():
         if not args.front:
             fail("--band needs --front X (the metric whose band it is)")
         band_table(groups, names, args.metric, args.front, lo, hi)
+        return
+    if args.finals and levels:
+        for level in levels:
+            matched_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.front, level)
         return
     if args.finals:
         finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.at, args.metric)

@@ -189,7 +189,7 @@ def push(run, step, flags):
             f.write(json.dumps({"step": step, "trainer": tokens, "searchers": pushed.probes}) + "\n")
     if pushed.evals is not None:
         row["time/eval_seconds"] = pushed.eval_s
-        metrics, results = merge_evals(pushed.evals, get_task(cfg.task))
+        metrics, results = merge_evals(pushed.evals, get_task(cfg.task), cfg)
         state.last_eval = dict(metrics, step=step, n=len(results))
         row.update({f"eval/{name}": v for name, v in metrics.items()})
         with open(os.path.join(cfg.out_dir, f"eval_step{step}.jsonl"), "w") as f:

@@ -1,5 +1,6 @@
 """scripts/redteam_grid.sh and scripts/tldr_grid.sh (their loop: scripts/grid.sh): an unknown arm is one clear line
-and exit 2; a finished run is skipped without a launch, so rerunning a grid resumes it."""
+and exit 2; a finished run is skipped without a launch, so rerunning a grid resumes it; DRY_RUN=1 lists the runs, and
+the red-teaming grid's objectives share each KL coefficient."""
 import json
 import os
 import subprocess
@@ -13,7 +14,7 @@ def grid(script, tmp_path, **env):
                           env={**os.environ, "OUT": str(tmp_path), **env}, timeout=60)
 
 
-@pytest.mark.parametrize("script,arm", [("redteam_grid.sh", "tb_sync"), ("tldr_grid.sh", "online_dpo_d14")])
+@pytest.mark.parametrize("script,arm", [("redteam_grid.sh", "tb_b0.1"), ("tldr_grid.sh", "online_dpo_d14")])
 def test_grid_skips_finished_runs_and_refuses_unknown_arms(script, arm, tmp_path):
     p = grid(script, tmp_path, ARMS="bogus", SEEDS="0")
     assert p.returncode == 2 and "error: unknown arm 'bogus'" in p.stderr and arm in p.stderr
@@ -23,3 +24,18 @@ def test_grid_skips_finished_runs_and_refuses_unknown_arms(script, arm, tmp_path
     p = grid(script, tmp_path, ARMS=arm, SEEDS="0 1")
     assert p.returncode == 0, p.stderr
     assert p.stdout.splitlines() == [f"skip {tmp_path}/{arm}/seed{seed} (finished)" for seed in (0, 1)]
+
+
+def test_redteam_grid_runs_every_objective_at_each_kl_coefficient(tmp_path):
+    p = grid("redteam_grid.sh", tmp_path, DRY_RUN="1")
+    assert p.returncode == 0, p.stderr
+    runs = [line[3:].split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
+    assert len(runs) == 60 and not os.listdir(tmp_path)  # 20 arms x 3 seeds, nothing launched
+    arms = {head.split(" ")[0]: dict(kv.split("=") for kv in overrides.split()) for head, overrides in runs}
+    for beta in ("0.05", "0.1", "0.2", "1.0"):
+        for loss in ("tb", "grpo", "rloo", "online_dpo"):
+            o = arms[f"{loss}_b{beta}"]
+            assert o["loss"] == loss and o["beta_start"] == o["beta_end"] == beta
+            assert o.get("dpo_beta", beta) == beta  # online DPO's KL coefficient is its DPO beta
+    assert arms["dr_grpo"] == {"loss": "dr_grpo"} and arms["grpo_nokl"]["beta_end"] == "0.0001"
+    assert arms["buffer640_b0.2"]["per_prompt_cap"] == "10" and arms["buffer64k_b0.2"]["per_prompt_cap"] == "1000"
