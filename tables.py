@@ -8,6 +8,7 @@
     python tables.py out/rt/* --metric attack_success --finals attack_success,modes_covered,mode_tv  # several finals
     python tables.py out/tldr_mini/* --metric win_rate --front kl  # win rate against KL through each run (a front)
     python tables.py out/stale/* --paired weight_delay=0,64 --contrast loss=tb --last 3  # paired seeds, 95% intervals
+                                                                                          # (and a forest plot)
     python tables.py out/rt/* --front attack_success --match 0.5 --finals mode_entropy,mode_tv  # at equal success
     python tables.py out/rt/* --paired loss=tb,rloo --front attack_success --match 0.5 --metric mode_entropy
 
@@ -520,6 +521,31 @@ def paired_table(runs, keys, value, pair, contrast, scale, what, digits):
                    else f"not told apart at ±{half:.{digits}f}")
         print("| " + " | ".join([str(v) for v in values] or ["all"]) + f" | {label} | {len(d)} | {mean:+.{digits}f} | {ci} | "
               f"{verdict} |")
+    return [(", ".join(f"{n}={v}" for n, v in zip(names, values)) if values[0] != "pooled" else "pooled", label, d)
+            for values, label, d in table]
+
+
+def plot_paired(table, path, what):
+    """--paired: a forest plot, one row per difference of the table: each seed's value as a dot, the mean and its 95%
+    interval as a bar, a line at zero (a panel for the differences, one for the contrasts)."""
+    plt = pyplot()
+    if plt is None:
+        return
+    panels = [[row for row in table if "minus this" not in row[1]], [row for row in table if "minus this" in row[1]]]
+    panels = [rows for rows in panels if rows]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 0.45 * max(map(len, panels)) + 1.5),
+                             squeeze=False)
+    for ax, rows in zip(axes[0], panels):
+        for y, (name, _, d) in enumerate(rows):
+            mean, half = t_interval(list(d.values()))
+            ax.scatter(list(d.values()), [y] * len(d), s=12, color="0.6", zorder=2)
+            ax.errorbar([mean], [y], xerr=[[half or 0], [half or 0]], fmt="o", color="C0", capsize=4, zorder=3)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(range(len(rows)), [name for name, _, _ in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(rows[0][1].replace("this", "each row") + f" ({what})", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    save(plt, fig, [], path)
 
 
 def write_csv(records, path):
@@ -567,11 +593,15 @@ def main():
         contrast = parse_pair(args.contrast, "--contrast", 1) if args.contrast else None
         if levels:
             what = f"eval/{args.metric} where eval/{args.front} first reaches {levels[0]:g}"
-            return paired_table(runs, keys, lambda r: matched_value(r, args.metric, args.front, levels[0]), pair,
-                                contrast, scale, what, digits)
-        last = max(1, args.last)
-        what = f"eval/{args.metric}" + (f", mean of the last {last} evaluations" if last > 1 else "")
-        return paired_table(runs, keys, lambda r: last_mean(r, args.metric, last), pair, contrast, scale, what, digits)
+            value = lambda r: matched_value(r, args.metric, args.front, levels[0])  # noqa: E731
+        else:
+            last = max(1, args.last)
+            what = f"eval/{args.metric}" + (f", mean of the last {last} evaluations" if last > 1 else "")
+            value = lambda r: last_mean(r, args.metric, last)  # noqa: E731
+        table = paired_table(runs, keys, value, pair, contrast, scale, what, digits)
+        if not args.no_plot:
+            plot_paired(table, args.plot, what)
+        return
     if args.against:
         against = ALIASES.get(args.against, args.against)
         if against not in keys:

@@ -329,6 +329,8 @@ def test_paired_differences_and_contrast(tmp_path):
     assert rows[("rloo", "(loss=tb) minus this")] == ["4", *by_hand(rloo), f"not told apart at ±{half:.1f}"]
     assert rows[("tb", "weight_delay=0 minus weight_delay=64")][3] == "above 0"
     assert ("tb", "(loss=tb) minus this") not in rows
+    assert "plot: tables.png" in r.stdout  # the forest plot: each seed a dot, the mean and its interval a bar
+    assert (tmp_path / "tables.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_paired_refuses_a_key_that_does_not_differ(runs, tmp_path):
