@@ -10,6 +10,8 @@ figures, it asserts nothing.
 The parts, at the config's B prompts x S samples (a synchronous step's round; K = S on the tiny default):
   generate   engine.generate of the B prompts, S samples each, max_new_tokens, the config's temperature: per engine
              (hf, vllm) and per torch thread count (vLLM on CPU runs one thread whatever is asked: it is timed once)
+  load       the engine's load of one round's weights (engine.load_weights, each tensor a fresh copy as the
+             transport yields them; vLLM re-runs its post-load processing), per engine
   ref        the reference log-probs of those B x S samples (policy.sequence_logprobs, as a searcher computes them)
   reward     decoding and the task's reward of each sample
   train      one optimizer step of the learner on those B x S samples (learner.Learner.train), per thread count
@@ -82,6 +84,12 @@ def main():
         torch.set_num_threads(n)
         if "hf" in engines:
             rows.append(("generate", "hf", n, timed(lambda: generate(hf), args.repeats)))
+    source = load_model(cfg.model, cfg.dtype, "cpu")  # the weights a round pushes, loaded as a searcher loads them
+
+    def load(engine):
+        engine.load_weights((name, t.detach().clone()) for name, t in source.named_parameters())
+    if "hf" in engines:
+        rows.append(("load", "hf", torch.get_num_threads(), timed(lambda: load(hf), args.repeats)))
     torch.set_num_threads(1)  # the samples every other part works on: one round's worth from the HF engine
     flat = [(i, resp, lp) for i, outs in enumerate(generate(hf)) for resp, lp in outs]
     ref = load_model(cfg.model, cfg.dtype, "cpu").eval()
@@ -109,6 +117,7 @@ def main():
         vllm = make_engine(dataclasses.replace(cfg, engine="vllm"), "cpu", cfg.seed, tok.pad_token_id,
                            tok.eos_token_id, max_len)
         rows.append(("generate", "vllm", torch.get_num_threads(), timed(lambda: generate(vllm), args.repeats)))
+        rows.append(("load", "vllm", torch.get_num_threads(), timed(lambda: load(vllm), args.repeats)))
         vllm.shutdown()
 
     print(f"| part, alone ({cfg.B} prompts x {cfg.S} samples, {cfg.max_new_tokens} new tokens, {args.repeats} "

@@ -88,8 +88,8 @@ def test_time_to_accuracy_smooths_over_three_evaluations_and_pairs_the_arms_by_s
 
 
 def test_step_floors_times_each_part_of_a_step_alone(tmp_path):
-    """scripts/step_floors.py on the tiny config: generation, reference log-probs, reward and the train step, each
-    timed alone, in its table and its json (the HF engine at one thread keeps the test short)."""
+    """scripts/step_floors.py on the tiny config: generation, the weight load, reference log-probs, reward and the
+    train step, each timed alone, in its table and its json (the HF engine at one thread keeps the test short)."""
     out = tmp_path / "floors.json"
     r = subprocess.run([sys.executable, "scripts/step_floors.py", "--repeats", "1", "--engines", "hf", "--threads",
                         "1", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -97,6 +97,6 @@ def test_step_floors_times_each_part_of_a_step_alone(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = json.loads(out.read_text())
     assert [(x["part"], x["engine"], x["threads"]) for x in rows] == [
-        ("generate", "hf", 1), ("ref", "", 1), ("reward", "", 1), ("train", "", 1)]
+        ("generate", "hf", 1), ("load", "hf", 1), ("ref", "", 1), ("reward", "", 1), ("train", "", 1)]
     assert all(0 < x["fastest_s"] <= x["median_s"] <= x["slowest_s"] for x in rows)
     assert "| train | - | 1 |" in r.stdout
