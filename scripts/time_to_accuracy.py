@@ -243,8 +243,36 @@ def report(args):
         elif pairs:
             print(verdict(f"time to target, {NAMES[arm]} / {NAMES[base]}", *ratio_interval(pairs), len(pairs),
                           (f"{NAMES[arm]} gets there sooner", f"{NAMES[base]} gets there sooner")))
+    breakdown(args.out, [arm for arm in runs if arm != "trl"])
     if args.plot:
         plot(runs, args.target, args.plot)
+
+
+PARTS = [("time/step_seconds", "step"), ("time/train_seconds", "train"), ("sync/seconds", "gather wait"),
+         ("sync/push_seconds", "push"), ("search/load_seconds", "load"), ("search/generate_seconds", "generate"),
+         ("search/ref_seconds", "ref"), ("search/reward_seconds", "reward"),
+         ("time/trainer_idle_ratio", "trainer idle"), ("search/idle_ratio", "searcher idle")]
+
+
+def breakdown(out, arms, first=10, last=300):
+    """Where our arms' steps go: each per-role metric's median over the steps first..last of each run (the start-up
+    rounds left out), then the mean over the seeds; '-' for a metric the runs did not log."""
+    if not arms:
+        return
+    print(f"\nour steps, per role (median over steps {first}-{last} of each run, mean over seeds; seconds; idle: "
+          "share of the step):")
+    print("| arm | " + " | ".join(name for _, name in PARTS) + " |")
+    print("|---|" + "---|" * len(PARTS))
+    for arm in arms:
+        medians = {key: [] for key, _ in PARTS}
+        for path in sorted(glob.glob(os.path.join(out, f"{arm}_s*"))):
+            rows = [json.loads(line) for line in open(os.path.join(path, "metrics.jsonl"))]
+            rows = [r for r in rows if first <= r.get("step", 0) <= last]
+            for key, _ in PARTS:
+                values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+                if values:
+                    medians[key].append(st.median(values))
+        print(f"| {NAMES[arm]} | " + " | ".join(f"{st.mean(v):.3f}" if v else "-" for v in medians.values()) + " |")
 
 
 def plot(runs, target, path):

@@ -71,10 +71,14 @@ def test_time_to_accuracy_smooths_over_three_evaluations_and_pairs_the_arms_by_s
     run("async_s0", [(100, 31, 1, 0.7), (200, 62, 2, 0.3), (300, 93, 3, 0.5), (400, 124, 4, 0.5)], fresh=32)
     run("async_s1", [(100, 33, 1, 0.5), (200, 64, 2, 0.5), (300, 95, 3, 0.51), (400, 126, 4, 0.52)], fresh=32)
     run("sync_s0", [(100, 100, 1, 0.41)])
+    with open(tmp_path / "sync_s0" / "metrics.jsonl", "a") as f:  # the per-role breakdown: medians over steps 10-300
+        f.writelines(json.dumps({"step": s, "time/train_seconds": t, "search/idle_ratio": 0.5}) + "\n"
+                     for s, t in ((5, 9.0), (10, 0.2), (11, 0.3), (12, 0.25), (301, 9.0)))
     r = subprocess.run([sys.executable, "scripts/time_to_accuracy.py", "report", "--target", "0.5", "--out",
                         str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
-    lines = {line.split("|")[1].strip(): line for line in r.stdout.splitlines() if line.startswith("| ")}
+    lines = {line.split("|")[1].strip(): line for line in r.stdout.split("per role")[0].splitlines()
+             if line.startswith("| ")}
     # trl: three-evaluation means 0.49 (s0 at 300: (0.45 + 0.5 + 0.52) / 3) then 0.527 at 400; s1 0.507 at 300
     assert "| 0.610 | 105 | 46.5% / 50.5% / 52.5% | 240 / 186 | 400 / 300 |" in lines["TRL GRPOTrainer"]
     assert "| 90 / 92 | 300 / 300 |" in lines["ours async (tb, default)"]  # 93 - 3, 95 - 3
@@ -85,6 +89,11 @@ def test_time_to_accuracy_smooths_over_three_evaluations_and_pairs_the_arms_by_s
     assert "time to target, ours async (tb, default) / TRL GRPOTrainer: 0.43 (95% " in r.stdout  # 90/240, 92/186
     assert "n = 2): not told apart from 1" in r.stdout
     assert "time to target, ours sync (grpo) / TRL GRPOTrainer: 1 of 1 seeds did not reach it" in r.stdout
+    parts = {line.split("|")[1].strip(): line.split("|")[2:-1] for line in r.stdout.split("per role")[1].splitlines()
+             if line.startswith("| ours")}
+    assert [x.strip() for x in parts["ours sync (grpo)"]] == ["-", "0.250", "-", "-", "-", "-", "-", "-", "-",
+                                                               "0.500"]
+    assert "TRL GRPOTrainer" not in r.stdout.split("per role")[1]  # TRL logs no roles: it is one process
 
 
 def test_step_floors_times_each_part_of_a_step_alone(tmp_path):
