@@ -154,7 +154,8 @@ def searcher_round(comm, transport, flags, report, engine, ref_model, probe_prom
     _collective(comm.gather_object, report)  # 1
     loaded = 0.0
     if flags & Flag.WEIGHTS:  # 3
-        named, release, at = *_collective(transport.pull), []
+        named, release = _collective(transport.pull)
+        at = []  # the first tensor's arrival: the clock starts there, not while the trainer still trains
         named = first_arrival(named, at)
         if flags & Flag.REF:  # the reference takes each tensor on its way to the engine
             named = through(named, ref_model)

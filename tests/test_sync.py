@@ -3,6 +3,7 @@ round make the same collectives in the same order for every combination of flags
 one place, and evaluation shares merge into one set of metrics."""
 import itertools
 import math
+import time
 
 import pytest
 import torch
@@ -77,6 +78,31 @@ def test_both_sides_make_the_same_collectives_in_the_same_order(bits):
     assert ref.loaded == bool(flags & Flag.REF and flags & Flag.WEIGHTS)
     if flags & Flag.WEIGHTS:
         assert searcher.calls[searcher.calls.index("weights") + 1] == "weights done"
+
+
+class SlowSender(Recorder):
+    """The trainer sends its first tensor 0.3 s after the round opens (in synchronous mode it trains meanwhile); the
+    engine then takes 0.05 s per tensor."""
+
+    def pull(self):
+        def stream():
+            time.sleep(0.3)
+            yield from (("w", torch.tensor(1.0)), ("v", torch.tensor(2.0)))
+        return stream(), lambda: None
+
+    def load_weights(self, named):
+        for _ in named:
+            time.sleep(0.05)
+
+
+def test_the_weight_load_is_timed_from_the_first_tensor_not_from_the_round():
+    """search/load_seconds: receiving and loading (2 x 0.05 s here), not the wait for the trainer (0.3 s)."""
+    searcher = SlowSender(1)
+    loaded = sync.searcher_round(searcher, searcher, Flag.WEIGHTS, "report", searcher, RefModel(), [1],
+                                 lambda: ([], {}))
+    assert 0.09 <= loaded < 0.25
+    assert sync.searcher_round(searcher, searcher, Flag.EVAL, "report", searcher, RefModel(), [1],
+                               lambda: ([], {})) == 0.0
 
 
 def test_a_failed_collective_stops_the_job_on_either_side():
