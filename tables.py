@@ -15,8 +15,9 @@ unfinished) are named in one warning and skipped. Rates (accuracy, win_rate, att
 other metrics as logged; "a ± b" is mean ± standard error over the seeds of a group (std / sqrt(n)); a group of one
 seed shows the bare value. gain = final - start; best = the best evaluation of the run (lowest for perplexity).
 With --against KEY: drop = final - final of the same group at KEY's smallest value; collapsed = runs that ended below
-their start. With --front X --matched V: each run's metric where eval/X first reaches V, interpolated linearly between
-the two evaluations around it (runs compared at equal KL, not at an evaluation that happens to fall near it). With
+their start. With --front X --matched V: each run's metric where eval/X passes V, interpolated linearly between the
+two evaluations around it and averaged over its passes (runs compared at equal KL, not at evaluations that happen to
+fall near it). With
 --paired KEY=A,B: per seed, the metric at KEY=A minus the metric at KEY=B within each group of the other keys, and
 (--contrast K=V) the group K=V's difference minus each other group's, per seed; mean and 95% t-interval over the seeds
 (t with n - 1 degrees of freedom), and the verdict the interval gives. Each run's metric there is read at --at STEP,
@@ -217,8 +218,9 @@ def parse_args():
     p.add_argument("--front", default="", help="an eval metric X: plot --metric against eval/X at every evaluation, a "
                    "line per group (mean over its seeds at each step), e.g. --metric win_rate --front kl")
     p.add_argument("--matched", default="", help="with --front X: V1,V2,...: a table of --metric in each run where "
-                   "eval/X first reaches each V, interpolated between the two evaluations around it (e.g. --front kl "
-                   "--matched 0.25,0.5: the groups at equal KL); with --paired, one V: the paired differences there")
+                   "eval/X passes each V, interpolated between the two evaluations around it, the mean over its passes "
+                   "(e.g. --front kl --matched 0.25,0.5: the groups at equal KL); with --paired, one V: the paired "
+                   "differences there")
     p.add_argument("--at", default=None, help="with --finals: the values at this step's evaluation instead "
                    "of the run's end; with --paired: each run's --metric at this step")
     p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
@@ -359,21 +361,23 @@ def finals_table(groups, names, metrics, step=None):
 
 
 def at_x(run, metric, x, value):
-    """eval/<metric> where eval/<x> first reaches `value` in the run: its evaluations in step order, linear between the
-    first two consecutive ones whose eval/<x> lie on either side of `value` (or on it); None if none do."""
+    """eval/<metric> where the run's eval/<x> passes `value`: its evaluations in step order, linear between two
+    consecutive ones whose eval/<x> lie on either side of `value` (an evaluation exactly at it counts once), averaged
+    over every such pass (a run that comes back to `value` counts each time); None if it never passes it."""
     points = [(row[f"eval/{x}"], row[f"eval/{metric}"]) for row in sorted(run["rows"], key=lambda r: r["step"])
               if f"eval/{x}" in row and f"eval/{metric}" in row]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if min(x0, x1) <= value <= max(x0, x1):
-            return y0 if x1 == x0 else y0 + (value - x0) / (x1 - x0) * (y1 - y0)
-    return None
+    found = []
+    for i, ((x0, y0), (x1, y1)) in enumerate(zip(points, points[1:])):
+        if min(x0, x1) <= value <= max(x0, x1) and not (x0 == value and i > 0):  # an evaluation on it: once
+            found.append(y0 if x1 == x0 else y0 + (value - x0) / (x1 - x0) * (y1 - y0))
+    return float(np.mean(found)) if found else None
 
 
 def matched_table(groups, names, metric, x, values):
-    """--front X --matched V1,V2,...: per group and V, --metric where each run's eval/X first reaches V (at_x), mean ±
-    s.e. over the runs that reach it; "(k/n)" when only k of the group's n runs do."""
+    """--front X --matched V1,V2,...: per group and V, --metric where each run's eval/X passes V (at_x), mean ± s.e.
+    over the runs that reach it; "(k/n)" when only k of the group's n runs do."""
     pct = 100.0 if metric in PERCENT else 1.0
-    print(f"eval/{metric} where eval/{x} first reaches each value (interpolated in each run):")
+    print(f"eval/{metric} where eval/{x} passes each value (interpolated in each run, the mean over its passes):")
     print("| " + " | ".join((names or ["group"]) + ["n"] + [f"{x} = {v:g}" for v in values]) + " |")
     print("|" + "---|" * (len(names or ["group"]) + 1 + len(values)))
     for group, members in groups.items():
@@ -472,7 +476,7 @@ def paired_table(runs, keys, pair, contrast, read, how, scale):
 
 
 def paired_reader(args):
-    """(read, how) for --paired: each run's --metric at --at STEP, where --front X first reaches --matched V, or the
+    """(read, how) for --paired: each run's --metric at --at STEP, where --front X passes --matched V, or the
     mean of its --last N evaluations."""
     metric = args.metric
     if args.at is not None:
@@ -481,8 +485,8 @@ def paired_reader(args):
         if len(args.matched) != 1:
             fail(f"--paired takes one --matched value, not {len(args.matched)}")
         v = args.matched[0]
-        return (lambda r: at_x(r, metric, args.front, v)), (f"eval/{metric} where eval/{args.front} first reaches "
-                                                            f"{v:g} (interpolated)")
+        return (lambda r: at_x(r, metric, args.front, v)), (f"eval/{metric} where eval/{args.front} passes {v:g} "
+                                                            "(interpolated, the mean over the run's passes)")
     last = max(1, args.last)
     how = f"eval/{metric}, mean of the last {last} evaluations" if last > 1 else f"eval/{metric}"
     return (lambda r: last_mean(r, metric, last)), how

@@ -283,14 +283,15 @@ def make_front_run(path, loss, delay, seed, evals):
                    "eval_end": {"win_rate": evals[-1][2], "kl": evals[-1][1]}}, f)
 
 
-# (loss, weight_delay, seed) -> evaluations (step, kl, win rate). rloo d0 seed 1 is not monotone in KL: its curve is
-# read where it FIRST reaches a value (kl 1.0 at step 20, not again between steps 40 and 60).
+# (loss, weight_delay, seed) -> evaluations (step, kl, win rate). rloo d0 seed 1 is not monotone in KL: it passes kl 1
+# twice (at its step-20 evaluation, and again between steps 40 and 60), and each pass counts.
 FRONT = {
     ("rloo", 0, 0): [(0, 0.0, 0.30), (20, 0.4, 0.40), (40, 1.2, 0.36), (60, 2.0, 0.20)],
     ("rloo", 0, 1): [(0, 0.0, 0.30), (20, 1.0, 0.50), (40, 0.6, 0.20), (60, 3.0, 0.10)],
     ("rloo", 14, 0): [(0, 0.0, 0.30), (20, 0.5, 0.30), (40, 1.5, 0.30), (60, 2.5, 0.26)],
     ("rloo", 14, 1): [(0, 0.0, 0.30), (20, 0.5, 0.40), (40, 1.5, 0.20), (60, 2.5, 0.10)],
 }
+SEED1_AT_KL1 = (50 + (20 + (1.0 - 0.6) / (3.0 - 0.6) * (10 - 20))) / 2  # its two passes: 50 and 18.33
 
 
 @pytest.fixture
@@ -302,17 +303,18 @@ def front_runs(tmp_path):
     return dirs
 
 
-def test_matched_reads_each_run_where_its_kl_first_reaches_each_value(front_runs, tmp_path):
-    """--front kl --matched: linear between the two evaluations around the value, the first crossing of a curve that
-    goes back, and "(k/n)" when only k runs reach it."""
+def test_matched_reads_each_run_where_its_kl_passes_each_value(front_runs, tmp_path):
+    """--front kl --matched: linear between the two evaluations around the value, the mean over every pass of a curve
+    that comes back (an evaluation exactly at the value counted once), and "(k/n)" when only k runs reach it."""
     p = tables(*front_runs, "--metric", "win_rate", "--front", "kl", "--matched", "0.2,1,3", "--no-plot",
                cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     rows = table_rows(p.stdout)
     assert rows[0] == ["weight_delay", "n", "kl = 0.2", "kl = 1", "kl = 3"]
     # D = 0: kl 0.2 -> seed 0: 30 + 0.5 (40 - 30) = 35, seed 1: 30 + 0.2 (50 - 30) = 34;
-    # kl 1 -> seed 0: 40 + (0.6 / 0.8)(36 - 40) = 37, seed 1: 50 (its step-20 evaluation); kl 3: seed 1 only, 10
-    assert rows[1] == ["0", "2", "34.5 ± 0.5", "43.5 ± 6.5", "10.0 (1/2)"]
+    # kl 1 -> seed 0: 40 + (0.6 / 0.8)(36 - 40) = 37, seed 1: SEED1_AT_KL1 = 34.17; kl 3: seed 1 only, 10
+    assert rows[1] == ["0", "2", "34.5 ± 0.5", by_hand([0.37, SEED1_AT_KL1 / 100]), "10.0 (1/2)"]
+    assert rows[1][3] == "35.6 ± 1.4"
     # D = 14: kl 0.2 -> 30 + 0.4 (30 - 30) = 30 and 30 + 0.4 (40 - 30) = 34; kl 1 -> 30 and 30; kl 3: none
     assert rows[2] == ["14", "2", "32.0 ± 2.0", "30.0 ± 0.0", "- (0/2)"]
 
@@ -322,12 +324,12 @@ def test_paired_at_a_matched_kl_and_at_a_fixed_step(front_runs, tmp_path):
     args = ("--metric", "win_rate", "--paired", "weight_delay=0,14", "--no-plot")
     p = tables(*front_runs, *args, "--front", "kl", "--matched", "1", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
-    assert "per seed: eval/win_rate where eval/kl first reaches 1 (interpolated)" in p.stdout
+    assert "per seed: eval/win_rate where eval/kl passes 1 (interpolated, the mean over the run's passes)" in p.stdout
     row = table_rows(p.stdout)[1]
-    diffs = [37 - 30, 50 - 30]  # seeds 0, 1 at kl 1: 7 and 20 points; t = 12.706 at 1 degree of freedom
-    half = 12.706 * statistics.stdev(diffs) / math.sqrt(2)
-    assert row == ["all", "weight_delay=0 minus weight_delay=14", "2", "+13.5",
-                   f"[{13.5 - half:+.1f}, {13.5 + half:+.1f}]", f"not told apart at ±{half:.1f}"]
+    diffs = [37 - 30, SEED1_AT_KL1 - 30]  # seeds 0, 1 at kl 1: 7 and 4.17 points; t = 12.706 at 1 degree of freedom
+    mean, half = statistics.mean(diffs), 12.706 * statistics.stdev(diffs) / math.sqrt(2)
+    assert row == ["all", "weight_delay=0 minus weight_delay=14", "2", f"{mean:+.1f}",
+                   f"[{mean - half:+.1f}, {mean + half:+.1f}]", f"not told apart at ±{half:.1f}"]
     p = tables(*front_runs, *args, "--front", "kl", "--matched", "3", cwd=tmp_path)  # no D = 14 run reaches kl 3
     assert p.returncode == 2 and "no seed has runs with a value at both" in p.stderr
     p = tables(*front_runs, *args, "--front", "kl", "--matched", "0.2,1", cwd=tmp_path)
