@@ -17,11 +17,10 @@ seed shows the bare value. gain = final - start; best = the best evaluation of t
 With --against KEY: drop = final - final of the same group at KEY's smallest value; collapsed = runs that ended below
 their start. With --front X --matched V: each run's metric where eval/X passes V, interpolated linearly between the
 two evaluations around it and averaged over its passes (runs compared at equal KL, not at evaluations that happen to
-fall near it). With
---paired KEY=A,B: per seed, the metric at KEY=A minus the metric at KEY=B within each group of the other keys, and
-(--contrast K=V) the group K=V's difference minus each other group's, per seed; mean and 95% t-interval over the seeds
-(t with n - 1 degrees of freedom), and the verdict the interval gives. Each run's metric there is read at --at STEP,
-at --front X --matched V, or as the mean of its --last N evaluations.
+fall near it). With --paired KEY=A,B: per seed, the metric at KEY=A minus the metric at KEY=B within each group of the
+other keys, and (--contrast K=V) the group K=V's difference minus each other group's, per seed; mean and 95%
+t-interval over the seeds (t with n - 1 degrees of freedom), and the verdict the interval gives. Each run's metric
+there is read at --at STEP, at --front X --matched V, or as the mean of its --last N evaluations.
 """
 import argparse
 import csv
