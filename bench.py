@@ -20,8 +20,10 @@ inflight=true; the HF engine has no in-flight mode, so that arm is left out with
 each, with identical settings (evaluation only at the start and the end, on 64 problems, both outside the timed
 loop), then times one searcher's work (generation + reference log-probs + rewards: Searcher.search, and
 InFlightSearch for the in-flight arm, searcher.py) in this process with nothing else running. The timed loop starts
-after the initial buffer and leaves out the final evaluation; the speedups are ratios of the mean loop times, the
-other figures come from the run closest to its mode's mean. The trainer's wait per sync round is time/wait_seconds of
+before the initial buffer fill and leaves out the final evaluation. A speedup is the geometric mean of the loop-time
+ratios of the runs paired by repeat, with its 95% t-interval on the log scale; it is called faster or slower only
+when the interval excludes 1 (one run per arm: no claim). The other figures come from the run closest to its mode's
+mean. The trainer's wait per sync round is time/wait_seconds of
 the steps with a round (the gather, the push, and waiting for the searchers to join).
 """
 import argparse
@@ -34,6 +36,7 @@ import sys
 import time
 
 from config import quiet_known_warnings
+from tables import ratio_interval
 
 quiet_known_warnings()  # before torch loads (the standalone timing imports it)
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -185,8 +188,10 @@ def results(runs, cfg, n_chunks):
     chunked = dataclasses.replace(cfg, inflight=False)
     res["standalone_tokens_per_s"], res["engine"] = standalone_tokens_per_s(chunked, n_chunks=n_chunks)
     for fast, slow in (("async", "sync"), ("inflight", "sync"), ("inflight", "async")):  # the arms that ran
-        if fast in res and slow in res:
-            res[f"speedup_{slow}_over_{fast}"] = res[slow]["loop_seconds_mean"] / res[fast]["loop_seconds_mean"]
+        if fast in res and slow in res:  # paired by repeat (the arms alternate): geometric mean, 95% interval
+            pairs = list(zip(res[slow]["loop_seconds_all"], res[fast]["loop_seconds_all"]))
+            ratio, low, high = ratio_interval(pairs)
+            res[f"speedup_{slow}_over_{fast}"], res[f"speedup_{slow}_over_{fast}_interval"] = ratio, [low, high]
             fresh = (res[fast]["fresh_samples_per_step"], res[slow]["fresh_samples_per_step"])
             res[f"equal_work_{slow}_{fast}"] = max(fresh) <= 1.1 * min(fresh)  # within 10%
     for mode in runs:
@@ -210,7 +215,7 @@ def print_table(res, cols, args, cfg):
         print(f"| {label} | " + " | ".join(fmt(res[m]) for m in cols) + " |")
     print(f"| {args.steps} trainer steps, engine {res['engine']} | " + " | ".join(NAMES[m] for m in cols) + " |")
     print("|---" * (len(cols) + 1) + "|")
-    row("training loop seconds (after the initial buffer, without the final evaluation)",
+    row("training loop seconds (the initial buffer fill included, without the final evaluation)",
         lambda r: f"{r['loop_seconds_mean']:.1f}")
     if args.repeats > 1:
         row("... each run", lambda r: " / ".join(f"{x:.1f}" for x in r["loop_seconds_all"]))
@@ -245,9 +250,15 @@ def print_ratios(res, cfg):
         if f"speedup_{slow}_over_{fast}" not in res:
             continue
         fresh = f"{res[fast]['fresh_samples_per_step']:.1f} vs {res[slow]['fresh_samples_per_step']:.1f}"
+        ratio, (low, high) = res[f"speedup_{slow}_over_{fast}"], res[f"speedup_{slow}_over_{fast}_interval"]
         if res[f"equal_work_{slow}_{fast}"]:
-            print(f"{name} is {res[f'speedup_{slow}_over_{fast}']:.2f}x faster than {NAMES[slow]} at equal work "
-                  f"(the same steps, {fresh} fresh samples per step)")
+            if low is None:
+                said = "one run per arm: no interval, no claim (--repeats 3 or more)"
+            else:
+                said = (f"95% {low:.2f}-{high:.2f}, n = {len(res[fast]['loop_seconds_all'])}: " +
+                        (f"{name} is faster" if low > 1 else f"{name} is slower" if high < 1 else "not told apart"))
+            print(f"{NAMES[slow]} / {name} loop time at equal work (the same steps, {fresh} fresh samples per "
+                  f"step): {ratio:.2f} ({said})")
         else:
             print(f"{name} takes {1 / res[f'speedup_{slow}_over_{fast}']:.2f}x the time of {NAMES[slow]} for the same "
                   f"steps, at UNEQUAL work ({fresh} fresh samples per step): not a speedup")

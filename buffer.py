@@ -6,6 +6,12 @@ that arrived since the last train step (in every sync round since then, however 
 those rounds; otherwise a prompt from everything seen, with K of its samples drawn with the probabilities of `weights`
 (softmax(inv_temp * reward); inv_temp = 0: uniform).
 
+Synchronous mode (async=false) is the on-policy baseline as its sources run it (TRL's GRPOTrainer, the asynchronous-
+RLHF code): a step trains on the samples generated for it as they came, duplicates included (K of a prompt's S, or
+all of them at S = K), so a group keeps the policy's own frequencies. Deduplicating there and refilling with
+replacement would make a group a uniform draw over distinct responses: a correct answer the policy repeats 7 times
+in 8 would weigh like the one wrong answer. The store itself stays deduplicated (it feeds the replay draws).
+
 A new sampling rule for those draws goes in `weights`, switched by one new config field (config.py); a new rule for
 which prompt is drawn goes in `sample`.
 """
@@ -56,6 +62,7 @@ class ReplayBuffer:
         self.n_online = {}  # prompt id -> its distinct responses since the last train step (its recent pool)
         self.recent = []  # prompt ids that arrived since the last train step
         self._arrived = {}  # prompt id -> the distinct responses that arrived for it since the last train step
+        self._as_generated = {}  # synchronous mode: prompt id -> its samples since the last train step, repeats kept
         self._stepped = False  # a train step sampled since the last add: the next add starts a new recent pool
         self._recent_left = []  # recent ids not yet drawn since the pool changed (refilled when empty)
         self._all_left = []  # seen ids not yet drawn in the current pass over all prompts
@@ -70,11 +77,13 @@ class ReplayBuffer:
         if not samples:
             return 0
         if self._stepped:
-            self._arrived, self._stepped = {}, False
+            self._arrived, self._as_generated, self._stepped = {}, {}, False
         new = 0
         for s in samples:
             items = self.items.setdefault(s.prompt_id, [])
             self._arrived.setdefault(s.prompt_id, set()).add(s.response)
+            if not self.cfg.asynchronous:
+                self._as_generated.setdefault(s.prompt_id, []).append(s)
             dup = next((i for i, old in enumerate(items) if old.response == s.response), None)
             if dup is None:
                 new += 1
@@ -121,7 +130,7 @@ class ReplayBuffer:
         for _ in range(B):
             if self.recent and self.rng.random() < self.m:
                 pid = self._draw_prompt(self._recent_left, self.recent)
-                newest = self.items[pid][-self.n_online[pid]:]
+                newest = self._as_generated.get(pid) or self.items[pid][-self.n_online[pid]:]
                 batch.append(Draw(pid, [newest[i] for i in self._pick(len(newest), K)], True))
             else:
                 pid = self._draw_prompt(self._all_left, list(self.items))
@@ -130,7 +139,8 @@ class ReplayBuffer:
         return batch
 
     def state_dict(self):
-        keys = ("items", "n_online", "recent", "_arrived", "_stepped", "_recent_left", "_all_left", "size")
+        keys = ("items", "n_online", "recent", "_arrived", "_as_generated", "_stepped", "_recent_left", "_all_left",
+                "size")
         return {k: getattr(self, k) for k in keys} | {"rng": self.rng.bit_generator.state}
 
     def load_state_dict(self, state):
@@ -140,5 +150,6 @@ class ReplayBuffer:
         self.recent, self._recent_left, self._all_left = (list(state[k])
                                                           for k in ("recent", "_recent_left", "_all_left"))
         self._arrived = {pid: set(r) for pid, r in state["_arrived"].items()}
+        self._as_generated = {pid: list(r) for pid, r in state.get("_as_generated", {}).items()}
         self._stepped = state["_stepped"]
         self.rng.bit_generator.state = state["rng"]

@@ -41,7 +41,7 @@ class Config:
     section("run")
     out_dir: str = key("out/tiny", "run directory: config.yaml, metrics.jsonl, summary.json, tensorboard events, "
                                    "checkpoints/")
-    seed: int = key(0, "base seed; searcher r uses seed + r", ge=0)
+    seed: int = key(0, "base seed; searcher r draws from streams seeded by (seed, r)", ge=0)
     steps: int = key(60, "trainer optimizer steps (paper: 700 for GSM8K)", ge=1)
     time_budget_min: float = key(0.0, "stop after this many wall-clock minutes (0 = no budget); the last step still "
                                       "syncs, evaluates and saves", ge=0)
@@ -89,7 +89,8 @@ class Config:
     n_searchers: int = key(2, "searcher ranks; the job has n_trainers + n_searchers processes", ge=1)
     engine: str = key("auto", "generation engine (auto: vllm when installed, else hf)", choices=("auto", "vllm", "hf"))
     S: int = key(8, "samples generated per prompt visit (paper: 24)", ge=1)
-    chunk_prompts: int = key(2, "prompts per generation call; a due sync waits for at most one chunk", ge=1)
+    chunk_prompts: int = key(2, "prompts per generation call; a due sync waits for at most one chunk (synchronous "
+                                "mode on vLLM: the searcher's whole share in one call)", ge=1)
     inflight: bool = key(False, "async with vLLM: the searchers never stop; their engine runs step by step, kept at "
                                 "max_inflight sequences (continuous batching), joins a round between two steps and "
                                 "loads new weights under running sequences, so a sample may span versions. The HF "
@@ -97,6 +98,10 @@ class Config:
                                 "and throughput against chunks: docs/performance.md")
     max_inflight: int = key(0, "inflight: sequences kept running per searcher, topped up a prompt visit (S "
                                "sequences) at a time (0 = 2 x chunk_prompts x S)", ge=0)
+    train_threads: int = key(0, "CPU: torch threads of each trainer rank. 0 = set for the phase the trainer runs in: "
+                                "synchronous mode gives the trainer ranks the cores this process may use, split "
+                                "among them (the searchers wait while it trains); asynchronous mode keeps "
+                                "OMP_NUM_THREADS (launch.sh: 1), as every rank runs at once", ge=0)
     searcher_nice: int = key(0, "CPU niceness of the searcher processes; > 0 lets the trainer, the critical path, "
                                 "keep its core when all ranks share a few CPU cores", ge=0, le=19)
     max_prompts_per_round: int = key(0, "async: prompt visits a searcher makes between sync rounds before it waits "

@@ -55,10 +55,10 @@ def evaluate(engine, tok, task, records, max_new_tokens, evaluator=None, timeout
         return [{"error": f"{type(e).__name__}: {e}"} for _ in records], {}
 
 
-def merge_evals(evals, task=None):
+def merge_evals(evals, task=None, cfg=None):
     """Each searcher's (rows, {metric: [sum, count]}) for its share of the test set -> ({metric: sum / count over
-    all searchers}, all rows sorted by test id). A metric no searcher counted is NaN. A task with `summarize(rows)`
-    adds the metrics it computes over all the rows (e.g. how many modes they cover)."""
+    all searchers}, all rows sorted by test id). A metric no searcher counted is NaN. A task with
+    `summarize(rows, cfg)` adds the metrics it computes over all the rows (e.g. how many modes they cover)."""
     results = sorted((r for rows, _ in evals for r in rows), key=lambda r: r["id"])
     sums = {}
     for _, part in evals:
@@ -67,7 +67,7 @@ def merge_evals(evals, task=None):
             total[0], total[1] = total[0] + s, total[1] + n
     metrics = {name: s / n if n else float("nan") for name, (s, n) in sums.items()}
     if hasattr(task, "summarize"):
-        metrics.update(task.summarize(results))
+        metrics.update(task.summarize(results, cfg))
     return metrics, results
 
 
@@ -113,7 +113,7 @@ def main():
             print(f"accuracy {100 * s / n:.1f}% ({int(s)}/{n})")
         else:
             print(f"{name} {s / n if n else math.nan:.4f} (n={n})")
-    for name, value in (task.summarize(rows) if hasattr(task, "summarize") else {}).items():
+    for name, value in (task.summarize(rows, cfg) if hasattr(task, "summarize") else {}).items():
         print(f"{name} {value:.4f}")
     if evaluator is not None and not totals:
         sys.exit(1)

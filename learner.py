@@ -197,7 +197,8 @@ class Learner:
                     "staleness/mean": sum(stale) / n, "staleness/max": max(stale),
                     "staleness/hist": [stale.count(i) for i in range(max(stale) + 1)],
                     "staleness/mixed_fraction": sum(s.mixed for s in samples) / n,
-                    "time/train_seconds": seconds, "perf/train_tokens_per_s": tokens / seconds})
+                    "time/train_seconds": seconds, "perf/train_tokens_per_s": tokens / seconds,
+                    "perf/train_threads": torch.get_num_threads()})
         if self.cfg.peak_tflops:  # forward + backward ~ 6 FLOPs per parameter per token (log-prob recompute ignored)
             n_params = sum(p.numel() for p in self.model.parameters())
             row["perf/mfu"] = 6 * n_params * tokens / seconds / (self.cfg.peak_tflops * 1e12)

@@ -30,6 +30,15 @@ from rewards import score, score_batch
 _built = {}  # (task, hook) -> the object the task's make_scorer / make_evaluator built in this process
 
 
+def new_stats():
+    """A searcher's counters between two rounds (sync.Report carries them to the trainer). gen_s is all of its
+    search work: generation, then scoring (ref_s: reference log-probs, reward_s: decoding and rewards); eval_s is
+    its evaluation in a round, kept out of the search's idle ratio, and load_s the round's weight load: both
+    happen in a round, after its report, so they go in the next one."""
+    return dict(tokens=0, gen_s=0.0, ref_s=0.0, reward_s=0.0, eval_s=0.0, load_s=0.0, reward_errors=0,
+                reward_timeouts=0)
+
+
 def task_hook(task, hook, cfg, device):
     """What the task's optional hook (make_scorer, make_evaluator) builds, once per searcher process, so its models
     load once; None when the task has no such hook (then its per-sample reward / greedy accuracy apply)."""
@@ -54,16 +63,17 @@ class Searcher:
     shard: object  # Shard: the prompt ids this searcher visits
     test: list = ()  # this searcher's share of the test set: (id, record) pairs
     device: object = None  # the rank's device, for the task's evaluator
-    stats: dict = dataclasses.field(default_factory=lambda: dict(tokens=0, gen_s=0.0, reward_errors=0,
-                                                                             reward_timeouts=0))
+    stats: dict = dataclasses.field(default_factory=lambda: new_stats())
 
     def make_samples(self, flat):
         """Generated responses -> Samples: scored (the task's per-sample reward, or its batched scorer), with
         reference log-probs. flat: (prompt id, response ids, behaviour log-probs, version, version_tokens) each. Adds
         to stats' tokens and the reward counters."""
         cfg, tok, task, records = self.cfg, self.tok, self.task, self.records
+        t0 = time.perf_counter()
         logp_ref = sequence_logprobs(self.ref_model, [self.prompts[f[0]] for f in flat], [f[1] for f in flat],
                                      cfg.temperature, cfg.logprob_tokens)
+        t1 = time.perf_counter()
         texts = [tok.decode(f[1], skip_special_tokens=True) for f in flat]
         finished = [bool(f[1] and f[1][-1] == tok.eos_token_id) for f in flat]
         scorer = task_hook(task, "make_scorer", cfg, next(self.ref_model.parameters()).device)
@@ -73,6 +83,8 @@ class Searcher:
         else:
             rewards = score_batch(scorer, [records[f[0]]["prompt"] for f in flat], texts,
                                   [records[f[0]] for f in flat], finished, self.stats, cfg.reward_timeout_s)
+        self.stats["ref_s"] += t1 - t0
+        self.stats["reward_s"] += time.perf_counter() - t1
         samples = [Sample(pid, tuple(resp), reward, logp_behav, lp_ref, version, fin, versions)
                    for (pid, resp, logp_behav, version, versions), lp_ref, reward, fin
                    in zip(flat, logp_ref, rewards, finished)]
@@ -92,10 +104,12 @@ class Searcher:
 
     def evaluate_share(self):
         """Step 5 of a round: this searcher's share of the test set, as (rows with their test ids, totals)."""
+        t0 = time.perf_counter()
         rows, totals = evaluate(self.engine, self.tok, self.task, [record for _, record in self.test],
                                 self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens,
                                 task_hook(self.task, "make_evaluator", self.cfg, self.device),
                                 self.cfg.reward_timeout_s)
+        self.stats["eval_s"] += time.perf_counter() - t0
         return [{"id": i, **r} for (i, _), r in zip(self.test, rows)], totals
 
 
@@ -113,8 +127,13 @@ class ChunkedSearch:
         return True
 
     def work(self, budget):
-        """One chunk of at most `budget` prompt visits; returns how many it made."""
-        pids = self.searcher.shard.take(int(min(self.searcher.cfg.chunk_prompts, budget)))
+        """One chunk of at most `budget` prompt visits; returns how many it made. Synchronous mode on vLLM makes its
+        whole share in one call: no round can be joined between its chunks, and vLLM batches by itself (each call
+        costs a pass over the engine's steps, so on a small model one call of 4 prompts takes about the time of one
+        of 2); the HF engine keeps chunk_prompts, which bounds its batch's memory."""
+        cfg = self.searcher.cfg
+        whole = not cfg.asynchronous and self.searcher.engine.name == "vllm"
+        pids = self.searcher.shard.take(int(budget if whole else min(cfg.chunk_prompts, budget)))
         self.samples += self.searcher.search(pids, self.version)
         return len(pids)
 
@@ -284,6 +303,14 @@ def fit_lengths(cfg, tok, prompts, test):
     return cfg, max_len, warning
 
 
+def stream_seed(seed, rank):
+    """The seed of searcher `rank`'s random streams (its engine's sampling, its shard's order) in the run of `seed`:
+    distinct for every (seed, rank). With seed + rank, run s's searcher 2 and run s + 1's searcher 1 would draw the
+    same numbers (vLLM on CPU samples from the torch generator the engine's seed starts), so seeds would not be
+    independent repeats."""
+    return int(np.random.SeedSequence((seed, rank)).generate_state(1)[0])
+
+
 def build(cfg, comm, ctx, max_len):
     """The frozen reference model and the engine. With every rank on one GPU they are built in turns (comm.wait_turn
     says why), and this searcher goes on once every engine is built: its first generations would move the device's
@@ -292,8 +319,8 @@ def build(cfg, comm, ctx, max_len):
     if shared:
         comm.wait_turn()
     ref_model = load_model(cfg.model, cfg.dtype, ctx.device).eval()  # pi_ref (frozen unless TBA' resets it)
-    engine = make_engine(cfg, ctx.device, cfg.seed + comm.rank, ctx.tok.pad_token_id, ctx.tok.eos_token_id, max_len,
-                         rank=comm.rank, engines_per_gpu=comm.world - 1 if shared else 1)
+    engine = make_engine(cfg, ctx.device, stream_seed(cfg.seed, comm.rank), ctx.tok.pad_token_id, ctx.tok.eos_token_id,
+                         max_len, rank=comm.rank, engines_per_gpu=comm.world - 1 if shared else 1)
     if shared:
         comm.end_turn()
         comm.wait_turn(comm.world - 1)
@@ -320,7 +347,7 @@ def run(cfg, comm, ctx):
     failures.leave_on_signal(comm.store, rank)  # SIGTERM / SIGINT: the trainer saves, a searcher leaves quietly
     transport = ctx.make_transport(comm, None)  # first: the trainer starts the build turns after this collective
     ref_model, engine = build(cfg, comm, ctx, max_len)
-    shard = Shard(rank, n_searchers, len(ctx.train), cfg.seed + rank)
+    shard = Shard(rank, n_searchers, len(ctx.train), stream_seed(cfg.seed, rank))
     if ctx.resume:
         resume(ctx.resume, rank, shard, engine, ref_model)
     test_share = [(i, ctx.test[i]) for i in range(rank - 1, len(ctx.test), n_searchers)]
@@ -335,6 +362,7 @@ def run(cfg, comm, ctx):
     share = cfg.B // n_searchers + (rank - 1 < cfg.B % n_searchers)
     limit = share if not cfg.asynchronous else (cfg.max_prompts_per_round or float("inf"))
     budget = 0 if not cfg.asynchronous or ctx.resume else limit  # prompt visits left to start before the next round
+    handed = time.perf_counter()  # the last hand-over of samples (sync.Report's window_s counts from it)
     while True:
         if not cfg.asynchronous and budget > 0:  # synchronous mode joins a round only with its whole share generated
             announced = None
@@ -348,11 +376,15 @@ def run(cfg, comm, ctx):
         samples, place = strategy.hand_over()
         if flags & sync.Flag.WEIGHTS:  # the weights after trainer step `step`, or step - D with weight_delay = D
             strategy.new_weights(max(step - cfg.weight_delay, 0))
-        report = sync.Report(samples, stats["tokens"], stats["gen_s"], stats["reward_errors"],
+        now = time.perf_counter()  # the window: since the last hand-over, its round's evaluation left out
+        report = sync.Report(samples, stats["tokens"], stats["gen_s"], stats["ref_s"], stats["reward_s"],
+                             now - handed - stats["eval_s"], stats["load_s"], stats["reward_errors"],
                              stats["reward_timeouts"], place)
-        sync.searcher_round(comm, transport, flags, report, engine, ref_model, prompts[0], searcher.evaluate_share)
+        handed = now
+        stats.update(new_stats())
+        stats["load_s"] = sync.searcher_round(comm, transport, flags, report, engine, ref_model, prompts[0],
+                                              searcher.evaluate_share)  # evaluate_share adds this round's eval_s
         budget = limit
-        stats.update(tokens=0, gen_s=0.0, reward_errors=0, reward_timeouts=0)
         if flags & sync.Flag.STOP:
             break
     transport.close()

@@ -54,7 +54,11 @@ class Report(NamedTuple):
     """What a searcher sends at step 1."""
     samples: list  # buffer.Sample: the trajectories generated since the last round
     tokens: int  # response tokens generated since the last round
-    gen_s: float  # seconds spent generating and scoring them
+    gen_s: float  # seconds spent generating and scoring them (searcher work)
+    ref_s: float  # of gen_s: the reference log-probs
+    reward_s: float  # of gen_s: decoding and rewards
+    window_s: float  # seconds since the last round's hand-over, its evaluation left out: gen_s / window_s is busy
+    load_s: float  # seconds from the last round's first weight tensor to the engine loaded (in window_s)
     reward_errors: int  # rewards that raised, timed out or were not finite since the last round
     reward_timeouts: int  # of those, the ones that timed out
     place: ShardPlace
@@ -134,17 +138,31 @@ def through(named, model):
         yield name, tensor
 
 
+def first_arrival(named, at):
+    """(name, tensor) pairs passed on unchanged; at[0] becomes the moment the first one arrived."""
+    for name, tensor in named:
+        if not at:
+            at.append(time.perf_counter())
+        yield name, tensor
+
+
 def searcher_round(comm, transport, flags, report, engine, ref_model, probe_prompt, evaluate):
     """1-5 for one announced round: send `report`, take the new weights into the engine (and the reference model
-    with REF), answer the probe, evaluate (`evaluate()` returns this searcher's (rows, totals))."""
+    with REF), answer the probe, evaluate (`evaluate()` returns this searcher's (rows, totals)). Returns the seconds
+    step 3 took here from the first tensor's arrival (receiving and loading the weights, not waiting for the
+    trainer to send them: in synchronous mode that wait is its train step; 0 without WEIGHTS)."""
     _collective(comm.gather_object, report)  # 1
+    loaded = 0.0
     if flags & Flag.WEIGHTS:  # 3
-        named, release = _collective(transport.pull)
+        named, release, at = *_collective(transport.pull), []
+        named = first_arrival(named, at)
         if flags & Flag.REF:  # the reference takes each tensor on its way to the engine
             named = through(named, ref_model)
         _collective(engine.load_weights, named)  # the buckets arrive (gloo / nccl) while the engine loads
         _collective(release)  # ipc: the trainer's buffers are free once every engine copied them
+        loaded = time.perf_counter() - at[0] if at else 0.0
     if flags & Flag.PROBE:  # 4
         _collective(comm.gather_object, engine.generate([probe_prompt], 1, 0.0, PROBE_TOKENS)[0][0][0])
     if flags & Flag.EVAL:  # 5
         _collective(comm.gather_object, evaluate())
+    return loaded

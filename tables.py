@@ -9,6 +9,9 @@
     python tables.py out/tldr_mini/* --metric win_rate --front kl  # win rate against KL through each run (a front)
     python tables.py out/tldr_mini/* --metric win_rate --front kl --matched 0.25,0.5  # each run's curve at equal KL
     python tables.py out/stale/* --paired weight_delay=0,64 --contrast loss=tb --last 3  # paired seeds, 95% intervals
+                                                                                          # (and a forest plot)
+    python tables.py out/rt/* --front attack_success --match 0.5 --finals mode_entropy,mode_tv  # at equal success
+    python tables.py out/rt/* --paired loss=tb,rloo --front attack_success --match 0.5 --metric mode_entropy
 
 A run dir holds config.yaml, metrics.jsonl and summary.json (see README). Runs without summary.json (crashed or
 unfinished) are named in one warning and skipped. Rates (accuracy, win_rate, attack_success_rate) are in percent,
@@ -19,8 +22,12 @@ their start. With --front X --matched V: each run's metric where eval/X passes V
 two evaluations around it and averaged over its passes (runs compared at equal KL, not at evaluations that happen to
 fall near it). With --paired KEY=A,B: per seed, the metric at KEY=A minus the metric at KEY=B within each group of the
 other keys, and (--contrast K=V) the group K=V's difference minus each other group's, per seed; mean and 95%
-t-interval over the seeds (t with n - 1 degrees of freedom), and the verdict the interval gives. Each run's metric
-there is read at --at STEP, at --front X --matched V, or as the mean of its --last N evaluations.
+t-interval over the seeds (t with n - 1 degrees of freedom), and the verdict the interval gives; with more than one
+group of the other keys, a last row pools every group's pairs. Each run's value there is read at --at STEP, at --front X
+--matched V, at --front X --match V, or as the mean of its --last N evaluations. With --front X --match V, a run's value
+of a metric is taken where the run's eval/X first reaches V (interpolated between the two evaluations around it): runs
+compared at equal X, as on a front, instead of at their ends (--match: the level a run climbs to, such as attack
+success; --matched: a level a run may cross several times, such as KL).
 """
 import argparse
 import csv
@@ -220,6 +227,9 @@ def parse_args():
                    "eval/X passes each V, interpolated between the two evaluations around it, the mean over its passes "
                    "(e.g. --front kl --matched 0.25,0.5: the groups at equal KL); with --paired, one V: the paired "
                    "differences there")
+    p.add_argument("--match", default="", help="with --front X: V[,V2...]: each metric where each run's eval/X first "
+                   "reaches V, interpolated between evaluations (a table per V with --finals; the paired values with "
+                   "--paired), e.g. --front attack_success --match 0.5")
     p.add_argument("--at", default=None, help="with --finals: the values at this step's evaluation instead "
                    "of the run's end; with --paired: each run's --metric at this step")
     p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
@@ -388,6 +398,37 @@ def matched_table(groups, names, metric, x, values):
         print("| " + " | ".join(cells) + " |")
 
 
+def matched_value(run, metric, x, level):
+    """eval/<metric> (or the step, metric "step") where the run's eval/<x> first reaches `level`, linear between the
+    evaluation before and the one at the crossing; the first evaluation's value if it starts there, NaN if never."""
+    points = [(row[f"eval/{x}"], row["step"] if metric == "step" else row.get(f"eval/{metric}", float("nan")))
+              for row in sorted(run["rows"], key=lambda r: r["step"]) if f"eval/{x}" in row]
+    for i, (xi, yi) in enumerate(points):
+        if xi >= level:
+            if i == 0:
+                return yi
+            x0, y0 = points[i - 1]
+            return y0 + (level - x0) / (xi - x0) * (yi - y0)
+    return float("nan")
+
+
+def reached_table(groups, names, metrics, x, level):
+    """--finals with --front X --match V: per group, each metric where each run's eval/<x> first reaches V (mean ±
+    s.e. over the runs that reach it; `runs`: those of all; `step`: the mean step of the crossing)."""
+    print(f"where eval/{x} first reaches {level:g}:")
+    print("| " + " | ".join((names or ["group"]) + ["runs", "step"] + list(metrics)) + " |")
+    print("|" + "---|" * (len(names or ["group"]) + 2 + len(metrics)))
+    for values, members in groups.items():
+        reached = [r for r in members if np.isfinite(matched_value(r, "step", x, level))]
+        cells = ([str(v) for v in values] or ["all"]) + [f"{len(reached)}/{len(members)}"]
+        for m in (["step"] + list(metrics)) if reached else []:
+            ys = [matched_value(r, m, x, level) for r in reached]
+            scale, digits = (1.0, 0) if m == "step" else (100.0, 1) if m in PERCENT else (1.0, 3)
+            cells.append(fmt(*mean_se(ys, scale), digits))
+        cells += [] if reached else ["-"] * (1 + len(metrics))
+        print("| " + " | ".join(cells) + " |")
+
+
 # t quantile 0.975 for 1..30 degrees of freedom; past 30, z + (z^3 + z) / (4 df) (within 0.003 of the exact value)
 T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
@@ -401,6 +442,15 @@ def t_interval(xs):
         return xs.mean(), None
     t = T975[n - 2] if n - 1 <= len(T975) else 1.96 + (1.96 ** 3 + 1.96) / (4 * (n - 1))
     return xs.mean(), t * xs.std(ddof=1) / math.sqrt(n)
+
+
+def ratio_interval(pairs):
+    """Paired ratios a / b (one pair per seed or repeat): (geometric mean, low, high of its 95% t-interval on the log
+    scale; low and high None for fewer than two pairs)."""
+    mean, half = t_interval([math.log(a / b) for a, b in pairs])
+    if half is None:
+        return math.exp(mean), None, None
+    return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
 def last_mean(run, metric, last):
@@ -426,31 +476,35 @@ def same(value, text):
         return False
 
 
-def paired_diffs(runs, keys, pair, read, scale):
-    """{values of the other keys: {seed: read(run at KEY=A) - read(run at KEY=B)}} over the seeds where both runs have
-    a value (read gives None or NaN where a run has none: it never reached the matched KL, it has no such step)."""
+def paired_diffs(runs, keys, value, pair, scale):
+    """{values of the other keys: {seed: value(run at KEY=A) - value(run at KEY=B)}} over the seeds where both runs have
+    a value (value gives None or NaN where a run has none: it never reached the level, it has no such step)."""
     key, (a, b) = pair
     others = [k for k in keys if k != key]
     cells = {}
     for r in runs:
         side = 0 if same(r["cfg"].get(key), a) else 1 if same(r["cfg"].get(key), b) else None
-        value = read(r) if side is not None else None
-        if value is not None and math.isfinite(value):
+        x = value(r) if side is not None else None
+        if x is not None and math.isfinite(x):
             cell = cells.setdefault(tuple(r["cfg"].get(k) for k in others), {}).setdefault(r["cfg"]["seed"], [None] * 2)
-            cell[side] = value * scale
+            cell[side] = x * scale
     diffs = {values: {s: v[0] - v[1] for s, v in seeds.items() if None not in v} for values, seeds in cells.items()}
     if not any(diffs.values()):
         fail(f"--paired: no seed has runs with a value at both {key}={a} and {key}={b}")
     return others, {values: d for values, d in sorted(diffs.items(), key=lambda kv: sort_key(kv[0])) if d}
 
 
-def paired_table(runs, keys, pair, contrast, read, how, scale):
-    """--paired KEY=A,B [--contrast K=V]: the paired differences of each group and, with a contrast, the differences
-    of differences against the group K=V, each as mean [95% CI] over the seeds, with the verdict its interval gives.
-    read(run): the run's value (how: its description)."""
-    others, diffs = paired_diffs(runs, keys, pair, read, scale)
+def paired_table(runs, keys, value, pair, contrast, scale, what, digits):
+    """--paired KEY=A,B [--contrast K=V]: the paired differences of each group (and, over several groups, all their
+    pairs pooled) and, with a contrast, the differences of differences against the group K=V, each as mean [95% CI]
+    over the seeds, with the verdict its interval gives. value(run): a run's number (`what` says which), shown with
+    `digits` decimals."""
+    others, diffs = paired_diffs(runs, keys, value, pair, scale)
     (key, (a, b)), names = pair, [{"asynchronous": "async"}.get(k, k) for k in others] or ["group"]
     table = [(values, f"{key}={a} minus {key}={b}", d) for values, d in diffs.items()]
+    if len(diffs) > 1:
+        pooled = {(values, s): x for values, d in diffs.items() for s, x in d.items()}
+        table.append((["pooled"] * len(names), f"{key}={a} minus {key}={b}", pooled))
     if contrast:
         ck, (cv,) = contrast
         if ck not in others:
@@ -462,21 +516,46 @@ def paired_table(runs, keys, pair, contrast, read, how, scale):
             ref = base.get(values[:i] + values[i + 1:])
             if ref is not None and not same(values[i], cv):
                 table.append((values, f"({ck}={cv}) minus this", {s: ref[s] - d[s] for s in d if s in ref}))
-    print(f"per seed: {how}; mean and 95% t-interval over the paired seeds")
+    print(f"per seed: {what}; mean and 95% t-interval over the paired seeds")
     print("| " + " | ".join(names + ["difference", "n", "mean", "95% CI", "verdict"]) + " |")
     print("|" + "---|" * (len(names) + 5))
     for values, label, d in table:
         mean, half = t_interval(list(d.values()))
-        ci = "-" if half is None else f"[{mean - half:+.1f}, {mean + half:+.1f}]"
+        ci = "-" if half is None else f"[{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
         verdict = ("-" if half is None else "below 0" if mean + half < 0 else "above 0" if mean - half > 0
-                   else f"not told apart at ±{half:.1f}")
-        print("| " + " | ".join([str(v) for v in values] or ["all"]) + f" | {label} | {len(d)} | {mean:+.1f} | {ci} | "
+                   else f"not told apart at ±{half:.{digits}f}")
+        print("| " + " | ".join([str(v) for v in values] or ["all"]) + f" | {label} | {len(d)} | {mean:+.{digits}f} | {ci} | "
               f"{verdict} |")
+    return [("pooled" if list(values[:1]) == ["pooled"] else ", ".join(f"{n}={v}" for n, v in zip(names, values)) or
+             "all", label, d) for values, label, d in table]
 
 
-def paired_reader(args):
-    """(read, how) for --paired: each run's --metric at --at STEP, where --front X passes --matched V, or the
-    mean of its --last N evaluations."""
+def plot_paired(table, path, what):
+    """--paired: a forest plot, one row per difference of the table: each seed's value as a dot, the mean and its 95%
+    interval as a bar, a line at zero (a panel for the differences, one for the contrasts)."""
+    plt = pyplot()
+    if plt is None:
+        return
+    panels = [[row for row in table if "minus this" not in row[1]], [row for row in table if "minus this" in row[1]]]
+    panels = [rows for rows in panels if rows]
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 0.45 * max(map(len, panels)) + 1.5),
+                             squeeze=False)
+    for ax, rows in zip(axes[0], panels):
+        for y, (name, _, d) in enumerate(rows):
+            mean, half = t_interval(list(d.values()))
+            ax.scatter(list(d.values()), [y] * len(d), s=12, color="0.6", zorder=2)
+            ax.errorbar([mean], [y], xerr=[[half or 0], [half or 0]], fmt="o", color="C0", capsize=4, zorder=3)
+        ax.axvline(0, color="k", lw=0.8)
+        ax.set_yticks(range(len(rows)), [name for name, _, _ in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(rows[0][1].replace("this", "each row") + f" ({what})", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+    save(plt, fig, [], path)
+
+
+def paired_reader(args, levels):
+    """(value, what) for --paired: each run's --metric at --at STEP, where --front X passes --matched V, where it
+    first reaches --match V, or the mean of its --last N evaluations."""
     metric = args.metric
     if args.at is not None:
         return (lambda r: value_at(r, metric, args.at)), f"eval/{metric} at step {args.at}"
@@ -486,9 +565,12 @@ def paired_reader(args):
         v = args.matched[0]
         return (lambda r: at_x(r, metric, args.front, v)), (f"eval/{metric} where eval/{args.front} passes {v:g} "
                                                             "(interpolated, the mean over the run's passes)")
+    if levels:
+        return ((lambda r: matched_value(r, metric, args.front, levels[0])),
+                f"eval/{metric} where eval/{args.front} first reaches {levels[0]:g}")
     last = max(1, args.last)
-    how = f"eval/{metric}, mean of the last {last} evaluations" if last > 1 else f"eval/{metric}"
-    return (lambda r: last_mean(r, metric, last)), how
+    what = f"eval/{metric}, mean of the last {last} evaluations" if last > 1 else f"eval/{metric}"
+    return (lambda r: last_mean(r, metric, last)), what
 
 
 def write_csv(records, path):
@@ -498,6 +580,21 @@ def write_csv(records, path):
         w.writerows([{k: "" if v is None else round(v, 4) if isinstance(v, float) else v for k, v in rec.items()}
                      for rec in records])
     print(f"csv: {path}")
+
+
+def match_levels(args):
+    """--match's levels (numbers), checked: it needs --front, and --finals or --paired to say what to show."""
+    if not args.match:
+        return []
+    try:
+        levels = [float(v) for v in args.match.split(",") if v.strip()]
+    except ValueError:
+        fail(f"--match: '{args.match}' is not V[,V2...]")
+    if not args.front or not (args.finals or args.paired) or not levels:
+        fail("--match needs --front X (the metric whose level it is) and --finals or --paired (what to show there)")
+    if args.paired and len(levels) > 1:
+        fail("--paired takes one --match level")
+    return levels
 
 
 def main():
@@ -513,6 +610,7 @@ def main():
             fail(f"--matched: '{args.matched}' is not a list of numbers V1,V2,...")
         if not args.front:
             fail("--matched needs --front X (the metric whose values it matches)")
+    levels = match_levels(args)
     runs = load_finished(args.runs, args.metric)
     keys, groups = group_runs(runs, args.group_by)
     names = [{"asynchronous": "async"}.get(k, k) for k in keys]
@@ -525,7 +623,11 @@ def main():
             fail(f"--paired: '{pair[0]}' does not differ between these runs (they differ in: "
                  f"{', '.join(names) or 'nothing'})")
         contrast = parse_pair(args.contrast, "--contrast", 1) if args.contrast else None
-        return paired_table(runs, keys, pair, contrast, *paired_reader(args), scale)
+        value, what = paired_reader(args, levels)
+        table = paired_table(runs, keys, value, pair, contrast, scale, what, digits)
+        if not args.no_plot:
+            plot_paired(table, args.plot, what)
+        return
     if args.against:
         against = ALIASES.get(args.against, args.against)
         if against not in keys:
@@ -541,6 +643,10 @@ def main():
         plot_front(labels, args.plot, args.metric, args.front)
     if args.matched:
         return matched_table(groups, names, args.metric, args.front, args.matched)
+    if args.finals and levels:
+        for level in levels:
+            reached_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.front, level)
+        return
     if args.finals:
         finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.at)
         if not args.no_plot and not args.front:

@@ -62,8 +62,12 @@ quiet_known_warnings()
 LOCAL_RANK, LOCAL_WORLD = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 GPUS = visible_gpus()  # the node's GPUs, before pin_gpu narrows CUDA_VISIBLE_DEVICES (--prepare reads them)
 pin_gpu(GPUS, LOCAL_WORLD, LOCAL_RANK)
+# OpenMP threads that finish a parallel region sleep rather than spin (read when torch loads its OpenMP runtime): a
+# trainer with a thread per core (train_threads) beside other busy processes on a few cores otherwise spins against
+# them (a tiny train step at 2 threads beside a running job on 2 cores: 3.2 s spinning, 0.3 s sleeping, 0.9 s at 1)
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES is set)
+import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES and OMP_WAIT_POLICY are set)
 
 import checkpoint  # noqa: E402
 import failures  # noqa: E402
@@ -127,6 +131,15 @@ def lower_priority(nice):
                 f.write(str(nice))
     except OSError:  # no autogroup scheduling (then the per-thread niceness above is what counts)
         pass
+
+
+def trainer_threads(cfg):
+    """Torch threads for a trainer rank on CPU: train_threads, or in synchronous mode the cores this process may use
+    over the trainer ranks (nothing else computes while it trains: the searchers wait for its weights, and it waits
+    for their samples); None in asynchronous mode, where every rank computes at once (OMP_NUM_THREADS holds)."""
+    if cfg.train_threads:
+        return cfg.train_threads
+    return None if cfg.asynchronous else max(1, len(os.sched_getaffinity(0)) // cfg.n_trainers)
 
 
 def prepare(cfg):
@@ -238,6 +251,8 @@ def main():
         if nice:
             lower_priority(nice)
         ctx = Context(cfg)
+        if rank < cfg.n_trainers and ctx.device == "cpu" and trainer_threads(cfg):
+            torch.set_num_threads(trainer_threads(cfg))
     except (ConfigError, DataError, ModelError) as e:
         line = f"error: {e}" + (f" (rank {rank})" if rank else "")
         print(line, file=sys.stderr)

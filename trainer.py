@@ -137,10 +137,18 @@ def gather(run, step, flags, announced=False):
     state.generated += len(samples)
     state.places.update({rank: report.place for rank, report in enumerate(gathered.reports, 1)})
     state.timers.sync_s += gathered.seconds
-    tokens, gen_s = sum(r.tokens for r in gathered.reports), sum(r.gen_s for r in gathered.reports)
+    reports = gathered.reports
+    tokens, gen_s = sum(r.tokens for r in reports), sum(r.gen_s for r in reports)
+    ref_s, reward_s, window_s = (sum(getattr(r, key) for r in reports) for key in ("ref_s", "reward_s", "window_s"))
     row = {"sync/seconds": gathered.seconds, "sync/samples": len(samples), "sync/new_samples": new,
            "sync/replay_ratio": state.trained / max(state.generated, 1),
            "search/tokens_per_s": tokens / gen_s if gen_s else 0.0,
+           # per searcher since its last round: generation, reference log-probs, rewards; and the share of its
+           # time (evaluations left out) that it did none of them: waiting for a round, in one, or for weights
+           "search/generate_seconds": (gen_s - ref_s - reward_s) / len(reports),
+           "search/ref_seconds": ref_s / len(reports), "search/reward_seconds": reward_s / len(reports),
+           "search/load_seconds": sum(r.load_s for r in reports) / len(reports),  # the last round's weights
+           "search/idle_ratio": max(0.0, 1 - gen_s / window_s) if window_s > 0 else 0.0,
            "search/reward_errors": sum(r.reward_errors for r in gathered.reports),
            "search/reward_timeouts": sum(r.reward_timeouts for r in gathered.reports)}
     state.rewards.add(len(samples), row["search/reward_errors"])
@@ -180,7 +188,8 @@ def push(run, step, flags):
         with open(os.path.join(cfg.out_dir, "sync_probe.jsonl"), "a") as f:
             f.write(json.dumps({"step": step, "trainer": tokens, "searchers": pushed.probes}) + "\n")
     if pushed.evals is not None:
-        metrics, results = merge_evals(pushed.evals, get_task(cfg.task))
+        row["time/eval_seconds"] = pushed.eval_s
+        metrics, results = merge_evals(pushed.evals, get_task(cfg.task), cfg)
         state.last_eval = dict(metrics, step=step, n=len(results))
         row.update({f"eval/{name}": v for name, v in metrics.items()})
         with open(os.path.join(cfg.out_dir, f"eval_step{step}.jsonl"), "w") as f:
@@ -234,7 +243,9 @@ def one_step(run, step):
         row = train_step(run, step)
     seconds = time.perf_counter() - t0
     row.update(waited)
+    working = seconds - row.get("time/eval_seconds", 0.0)  # the step's clock, its evaluation left out
     row.update({"time/step_seconds": seconds, "time/wait_seconds": seconds - row["time/train_seconds"],
+                "time/trainer_idle_ratio": max(0.0, 1 - row["time/train_seconds"] / working) if working > 0 else 0.0,
                 "time/elapsed_seconds": state.timers.elapsed(), "time/loop_seconds": state.timers.loop(),
                 "time/eval_seconds_total": state.timers.eval_s})  # the clock of time to accuracy: loop - evals
     return row, last
@@ -287,9 +298,9 @@ def run(cfg, comm, ctx):
             state.eval_start = dict(state.last_eval)
             log.log(0, row)
             state.timers.eval_s = 0.0  # counts evaluation inside the training loop only
+        state.timers.start_loop()  # the loop's clock includes the initial buffer fill: an asynchronous head start
         while cfg.asynchronous and len(state.buffer) < cfg.initial_buffer:  # rounds that only gather
             gather(run, start, Flag.NONE)
-        state.timers.start_loop()
         saved_at = time.monotonic()  # save_minutes counts from here
         pbar = tqdm(range(start + 1, cfg.steps + 1), initial=start, total=cfg.steps, disable=not cfg.progress,
                     desc="train", dynamic_ncols=True)

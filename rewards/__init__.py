@@ -25,9 +25,10 @@ that, and a task without them works exactly as above:
             summary.json's eval_start / eval_end), so a metric is any ratio of additive totals: a mean over records,
             or e.g. a mean over pairs. Greedy accuracy is the same with totals {"accuracy": [correct, n]}.
 
-    summarize(rows) -> {name: value}             metrics over every searcher's evaluation rows at once (those that
+    summarize(rows, cfg) -> {name: value}        metrics over every searcher's evaluation rows at once (those that
                                                  are no ratio of additive totals, e.g. how many modes the attacks
-                                                 cover); the trainer logs them as eval/<name> beside the totals'
+                                                 cover; cfg: the run's config); the trainer logs them as eval/<name>
+                                                 beside the totals'
 
 and one more optional hook for any task:
 

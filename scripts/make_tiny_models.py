@@ -20,9 +20,9 @@ attacker and the red-team victim.
                                         answers with numbers, so an attacker can learn to provoke it).
     tiny-redteam-modes/sft              the attacker of rewards/redteam_modes.py: a tiny Llama (make_tiny.build_model)
                                         with its own word-level tokenizer, SFT for 1000 steps on questions of that
-                                        task's grammar; tiny_info.json holds the TB target over modes
-                                        (rewards/redteam_modes.TARGET: each kind's exact share of the attacker's
-                                        successful attacks) and what 8192 samples at temperature 1 give.
+                                        task's grammar; tiny_info.json holds the attacker's exact probability of
+                                        its successful attacks and each kind's share of it (rewards/redteam_modes
+                                        .MASSES) and what 8192 samples at temperature 1 give.
     tiny-tldr-mini/sft, rm              rewards/tldr_mini.py's summariser (a tiny Llama with its own word-level
                                         tokenizer, SFT 1000 steps on posts -> noisy references) and proxy reward
                                         model (its layers under a token head, Bradley-Terry 2000 steps on a

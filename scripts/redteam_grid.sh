@@ -1,43 +1,33 @@
 #!/usr/bin/env bash
 # The red-teaming grid (docs/tasks.md, "Red-teaming with known modes"): configs/redteam_modes.yaml, 600 steps, seeds
 # 0-2, one seed at a time over every arm so a partial grid is balanced; rerunning skips finished runs (summary.json).
-# About 2.5-4 minutes a run on an idle 2-core box, 36 runs (about 1.5 hours). Every asynchronous arm trains on 64 samples per step at a
-# pinned replay ratio (max_reuse: the trainer waits for fresh samples), so the figures do not depend on the machine.
-#   bash scripts/redteam_grid.sh                 # every arm;  ARMS="tb dr_grpo" SEEDS="0" for a part
-#   python tables.py out/redteam_modes/{tb,tb_beta0.1,tb_sync,grpo,dr_grpo,rloo,online_dpo}/seed* \
-#     --finals attack_success,modes_covered,mode_entropy,mode_tv,unique_success,diversity,diversity_success
+# Every asynchronous arm trains on 64 samples per step at a pinned replay ratio (max_reuse: the trainer waits for fresh
+# samples), so the figures do not depend on the machine's speed.
+#   bash scripts/redteam_grid.sh                  # every arm (60 runs);  ARMS="tb_b0.1 dr_grpo" SEEDS="0" for a part
+#   DRY_RUN=1 bash scripts/redteam_grid.sh        # only print the runs
+# The tables and plots: docs/tasks.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/redteam_modes}
 SEEDS=${SEEDS:-"0 1 2"}
-declare -A ARM=(
-  # The objectives (the paper's Table 6 rows): TB at the beta that defines its target and at a tenth of it, TB
-  # synchronous (on-policy, 64 fresh samples a step, no replay: the one-actor GFlowNet row), and reward maximisers at
-  # their sources' KL coefficients (TRL: GRPO 0.04, RLOO 0.05; Dr. GRPO none; online DPO its DPO beta 0.1).
-  [tb]=""
-  [tb_beta0.1]="beta_start=0.1 beta_end=0.1"
-  [tb_sync]="async=false"
-  [grpo]="loss=grpo beta_start=0.04 beta_end=0.04"
-  [dr_grpo]="loss=dr_grpo"
-  [rloo]="loss=rloo beta_start=0.05 beta_end=0.05"
-  [online_dpo]="loss=online_dpo"
-  # RLOO at TB's beta: KL-regularised RL whose optimum is TB's target; does the objective or the coefficient matter?
-  [rloo_beta1]="loss=rloo"
-  # The paper's two scaling claims, at beta = 0.1 (the middle arm is tb_beta0.1). Searchers (fresh samples per step):
-  # 1, 2 or 4 searchers, the replay ratio pinned at 4, 2, 1, so 16, 32 or 64 of each step's 64 samples are fresh.
-  # Buffer size: 64 prompt ids x per_prompt_cap = 640, 6400 or 64000 attacks (nothing evicted in 600 steps).
-  [searchers1_beta0.1]="n_searchers=1 max_reuse=4 beta_start=0.1 beta_end=0.1"
-  [searchers4_beta0.1]="n_searchers=4 max_reuse=1 beta_start=0.1 beta_end=0.1"
-  [buffer640_beta0.1]="per_prompt_cap=10 beta_start=0.1 beta_end=0.1"
-  [buffer64k_beta0.1]="per_prompt_cap=1000 beta_start=0.1 beta_end=0.1"
-  # The same at beta = 1 (the middle arm is tb), the pilot that could not tell them apart (docs/tasks.md):
-  #   ARMS="searchers1 searchers4 buffer640 buffer64k" SEEDS=0 bash scripts/redteam_grid.sh
-  [searchers1]="n_searchers=1 max_reuse=4"
-  [searchers4]="n_searchers=4 max_reuse=1"
-  [buffer640]="per_prompt_cap=10"
-  [buffer64k]="per_prompt_cap=1000"
-)
-ORDER="tb dr_grpo tb_beta0.1 grpo rloo online_dpo tb_sync rloo_beta1 searchers1_beta0.1 searchers4_beta0.1
-       buffer640_beta0.1 buffer64k_beta0.1"
+BETAS="0.05 0.1 0.2 1.0"
+# Reward maximisers without a KL term, whose optimum is every attack on the most reliable kind: GRPO at a negligible KL
+# weight (the positive control: it collapses in the pilot) and Dr. GRPO (no KL term; it did not in the pilot).
+declare -A ARM=([grpo_nokl]="loss=grpo beta_start=0.0001 beta_end=0.0001" [dr_grpo]="loss=dr_grpo")
+ORDER="grpo_nokl dr_grpo"
+# The objectives at the same KL coefficient (TB's beta = GRPO's and RLOO's KL weight = online DPO's DPO beta), swept:
+# the same target, pi_ref exp(r / beta) normalised, for each objective at a beta.
+for b in $BETAS; do
+  for loss in tb grpo rloo online_dpo; do
+    ARM[${loss}_b$b]="loss=$loss beta_start=$b beta_end=$b"
+    [ $loss = online_dpo ] && ARM[${loss}_b$b]+=" dpo_beta=$b"
+    ORDER+=" ${loss}_b$b"
+  done
+done
+# Buffer size at beta = 0.2 (the middle arm is tb_b0.2, 6400): 64 prompt ids x per_prompt_cap = 640, 6400 or 64000
+# attacks (the largest evicts nothing in 600 steps).
+ARM[buffer640_b0.2]="per_prompt_cap=10 beta_start=0.2 beta_end=0.2"
+ARM[buffer64k_b0.2]="per_prompt_cap=1000 beta_start=0.2 beta_end=0.2"
+ORDER+=" buffer640_b0.2 buffer64k_b0.2"
 source scripts/grid.sh
 run_grid configs/redteam_modes.yaml

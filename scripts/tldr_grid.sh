@@ -4,10 +4,10 @@
 # partial grid is balanced; rerunning skips finished runs and resumes unfinished ones. Two phases, in this order:
 #   bash scripts/tldr_grid.sh control   # the positive control: every baseline at D = 0 and D = 14, then its table
 #   bash scripts/tldr_grid.sh compare   # TB and the m ablation, once the control has passed
-#   DRY_RUN=1 bash scripts/tldr_grid.sh control   # the launch lines only;  ARMS="rloo_d0" SEEDS="0" for a part
+#   DRY_RUN=1 bash scripts/tldr_grid.sh control   # only list the runs;  ARMS="rloo_d0" SEEDS="0" for a part
 # Held equal in every arm: the SFT and the proxy (the labeller's utility), the KL coefficient 0.4 (TB's beta, RLOO's
 # and GRPO's KL weight, online DPO's DPO beta), 64 fresh summaries a step (every arm generates what it trains on: the
-# synchronous arms one batch a step, TB's searchers at replay ratio 1), lr 2e-5, the evaluation.
+# synchronous arms one batch a step, TB's searchers at replay ratio 1), lr 1e-4, the evaluation.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out/tldr_mini}
@@ -39,7 +39,7 @@ case "${1:-}" in
 esac
 source scripts/grid.sh
 run_grid configs/tldr_mini.yaml
-if [ "$1" = control ] && [ -z "${DRY_RUN:-}${ARMS:-}" ]; then  # the rule: docs/tasks.md, "Positive control"
+if [ "$1" = control ] && [ "${DRY_RUN:-0}" = 0 ] && [ -z "${ARMS:-}" ]; then  # the rule: docs/tasks.md, "Positive control"
   "$PY" tables.py "$OUT"/{rloo,grpo,online_dpo}_d{0,14}/seed* --group-by loss,weight_delay --metric win_rate \
     --paired weight_delay=0,14 --front kl --matched 0.5
 fi

@@ -108,6 +108,33 @@ def test_sample_returns_named_draws_and_sync_mode_draws_only_the_latest_sync():
         assert [x.version for x in draw.samples] == [1] * 4
 
 
+def test_sync_mode_trains_on_the_samples_as_generated_and_async_on_the_distinct_ones():
+    """A group where the policy repeats one right answer 7 times in 8: synchronous mode (the on-policy baseline, as
+    TRL's GRPOTrainer) trains on the 8 as generated, 7 right and 1 wrong; asynchronous mode draws from the 2 distinct
+    responses with replacement (the reference buffer's rule), which need not keep 7 to 1. The round after a train
+    step starts afresh; a checkpoint keeps what arrived."""
+    group = [s(0, [1], reward=1.0) for _ in range(7)] + [s(0, [2], reward=0.0)]
+    sync = ReplayBuffer(Config(asynchronous=False, seed=0))
+    sync.add(group)
+    (draw,) = sync.sample(1, 8)
+    assert sorted(x.reward for x in draw.samples) == [0.0] + [1.0] * 7
+    copy = ReplayBuffer(Config(asynchronous=False, seed=0))
+    sync.add([s(1, [3])] * 8)  # a new round after the step: only its samples
+    copy.load_state_dict(sync.state_dict())
+    for b in (sync, copy):
+        (draw,) = b.sample(1, 8)
+        assert draw.prompt_id == 1 and len(draw.samples) == 8
+    ratios = []
+    for seed in range(20):
+        b = ReplayBuffer(Config(asynchronous=True, m=1.0, seed=seed))
+        b.add(group)
+        (draw,) = b.sample(1, 8)
+        assert {x.response for x in draw.samples} <= {(1,), (2,)}
+        ratios.append(sum(x.reward for x in draw.samples))
+    assert np.mean(ratios) < 5  # about 4 right of 8 (uniform over the 2 distinct), not 7
+    assert len(sync) == 3  # the store stays deduplicated: (1,), (2,) for prompt 0, (3,) for prompt 1
+
+
 def test_recent_means_every_round_since_the_last_train_step():
     """max_reuse waits: several rounds arrive between two train steps, the last often small. The recent pool is all
     of them (an 8-prompt round then a 2-prompt round: 10 prompts to draw from), not the last round alone (2)."""

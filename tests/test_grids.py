@@ -1,6 +1,6 @@
 """scripts/redteam_grid.sh and scripts/tldr_grid.sh (their loop: scripts/grid.sh): an unknown arm is one clear line
-and exit 2; a finished run is skipped without a launch, so rerunning a grid resumes it; DRY_RUN=1 prints the launch
-lines."""
+and exit 2; a finished run is skipped without a launch, so rerunning a grid resumes it; DRY_RUN=1 lists the runs; the
+red-teaming grid's objectives share each KL coefficient and the TL;DR grid runs its positive control first."""
 import json
 import os
 import subprocess
@@ -14,7 +14,7 @@ def grid(script, tmp_path, *args, **env):
                           env={**os.environ, "OUT": str(tmp_path), **env}, timeout=60)
 
 
-@pytest.mark.parametrize("script,arm", [("redteam_grid.sh", "tb_sync"), ("tldr_grid.sh", "online_dpo_d14")])
+@pytest.mark.parametrize("script,arm", [("redteam_grid.sh", "tb_b0.1"), ("tldr_grid.sh", "online_dpo_d14")])
 def test_grid_skips_finished_runs_and_refuses_unknown_arms(script, arm, tmp_path):
     args = ["control"] if script == "tldr_grid.sh" else []
     p = grid(script, tmp_path, *args, ARMS="bogus", SEEDS="0")
@@ -32,15 +32,29 @@ def test_tldr_grid_runs_the_positive_control_first_and_dry_runs(tmp_path):
     every arm at the KL coefficient 0.4 of the config; no phase is a usage line."""
     p = grid("tldr_grid.sh", tmp_path, "control", DRY_RUN="1")
     assert p.returncode == 0, p.stderr
-    lines = p.stdout.splitlines()
-    assert len(lines) == 4 * 6 and all(line.startswith("bash launch.sh configs/tldr_mini.yaml async=false") for line in lines)
-    assert [line.split("out_dir=")[1].split()[0] for line in lines[:6]] == [
-        f"{tmp_path}/{arm}/seed0" for arm in ("rloo_d0", "rloo_d14", "grpo_d0", "grpo_d14", "online_dpo_d0",
-                                              "online_dpo_d14")]
-    assert "weight_delay=14 loss=online_dpo dpo_beta=0.4 seed=3" in lines[-1]
+    runs = [line[3:].split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
+    assert len(runs) == 4 * 6 and not os.listdir(tmp_path) and all(o.startswith("async=false") for _, o in runs)
+    assert [head for head, _ in runs[:6]] == [f"{arm} seed 0 -> {tmp_path}/{arm}/seed0" for arm in (
+        "rloo_d0", "rloo_d14", "grpo_d0", "grpo_d14", "online_dpo_d0", "online_dpo_d14")]
+    assert runs[-1][0].startswith("online_dpo_d14 seed 3") and "weight_delay=14 loss=online_dpo dpo_beta=0.4" in runs[-1][1]
     p = grid("tldr_grid.sh", tmp_path, "compare", DRY_RUN="1", SEEDS="0")
-    assert [line.split("out_dir=")[1].split()[0].split("/")[-2] for line in p.stdout.splitlines()] == [
-        "tb", "tb_m0.1", "tb_m0.9"]
-    assert all("beta_end=0.4" in line for line in p.stdout.splitlines())
+    runs = [line[3:].split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
+    assert [head.split()[0] for head, _ in runs] == ["tb", "tb_m0.1", "tb_m0.9"]
+    assert all("beta_end=0.4" in o for _, o in runs)
     p = grid("tldr_grid.sh", tmp_path)
     assert p.returncode == 2 and "usage: bash scripts/tldr_grid.sh control|compare" in p.stderr
+
+
+def test_redteam_grid_runs_every_objective_at_each_kl_coefficient(tmp_path):
+    p = grid("redteam_grid.sh", tmp_path, DRY_RUN="1")
+    assert p.returncode == 0, p.stderr
+    runs = [line[3:].split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
+    assert len(runs) == 60 and not os.listdir(tmp_path)  # 20 arms x 3 seeds, nothing launched
+    arms = {head.split(" ")[0]: dict(kv.split("=") for kv in overrides.split()) for head, overrides in runs}
+    for beta in ("0.05", "0.1", "0.2", "1.0"):
+        for loss in ("tb", "grpo", "rloo", "online_dpo"):
+            o = arms[f"{loss}_b{beta}"]
+            assert o["loss"] == loss and o["beta_start"] == o["beta_end"] == beta
+            assert o.get("dpo_beta", beta) == beta  # online DPO's KL coefficient is its DPO beta
+    assert arms["dr_grpo"] == {"loss": "dr_grpo"} and arms["grpo_nokl"]["beta_end"] == "0.0001"
+    assert arms["buffer640_b0.2"]["per_prompt_cap"] == "10" and arms["buffer64k_b0.2"]["per_prompt_cap"] == "1000"

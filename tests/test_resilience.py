@@ -396,7 +396,7 @@ class SilentSearchers:
 
     def gather_object(self, obj):
         time.sleep(0.01)
-        return [None] + [sync.Report([], 0, 0.0, 0, 0, None)] * 2
+        return [None] + [sync.Report([], 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, 0, None)] * 2
 
 
 def waiting(cfg, comm, signalled=()):

@@ -1,10 +1,18 @@
-"""A searcher's pieces without processes: its prompt shard (and the place a checkpoint keeps), and rewards that raise."""
+"""A searcher's pieces without processes: its prompt shard (and the place a checkpoint keeps), its random streams
+(one per run and rank), and rewards that raise."""
+import os
 import time
 
 import torch
+from conftest import ROOT
 
+from config import load_config
+from engine import make_engine
+from policy import load_tokenizer
+from rewards import redteam_modes as rm
 from rewards import score, score_batch
-from searcher import Shard
+from rewards.redteam import sample_attacks
+from searcher import Shard, stream_seed
 
 
 class NoRngEngine:
@@ -38,6 +46,21 @@ def test_a_restored_place_continues_the_same_prompt_order():
     b.restore(place, engine)
     assert b.take(20) == after
     assert torch.equal(torch.get_rng_state(), place.torch_rng)
+
+
+def test_runs_of_different_seeds_never_draw_the_same_attacks(tiny_task_models):
+    """A searcher's draws are a function of its stream's seed (vLLM on CPU samples from the torch generator that seed
+    starts; the HF engine from its own), so each (seed, rank) needs its own: with seed + rank, run s's searcher 2 and
+    run s + 1's searcher 1 would write the same attacks, and three seeds would not be three independent repeats."""
+    assert len({stream_seed(seed, rank) for seed in range(16) for rank in range(1, 9)}) == 16 * 8
+    attacker = os.path.join(ROOT, "assets", "tiny-redteam-modes", "sft")
+    cfg, tok = load_config(None, [f"model={attacker}", "engine=hf"]), load_tokenizer(attacker)
+
+    def attacks(seed, rank):
+        engine = make_engine(cfg, "cpu", stream_seed(seed, rank), tok.pad_token_id, tok.eos_token_id, 64)
+        return sample_attacks(engine, tok, [{"prompt": rm.PROMPT}] * 32, 1.0, 16)
+    assert attacks(0, 2) == attacks(0, 2)
+    assert attacks(0, 2) != attacks(1, 1)
 
 
 def test_a_raising_reward_counts_zero_with_a_warning(capsys):
@@ -123,3 +146,23 @@ def test_log_probs_in_token_budgeted_passes_equal_one_pass(tiny_model):
     assert [len(a) for a in whole] == [len(r) for r in responses]
     for a, b in zip(whole, parts):
         np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+def test_synchronous_vllm_search_makes_its_whole_share_in_one_call_and_hf_keeps_its_chunks():
+    """ChunkedSearch.work: in synchronous mode on vLLM one generation call for the share (4 prompts, chunk_prompts 2);
+    on the HF engine, and in asynchronous mode, chunks of chunk_prompts (a round can be joined between them)."""
+    import types
+    from config import Config
+    from searcher import ChunkedSearch
+
+    def calls(asynchronous, engine):
+        made = []
+        searcher = types.SimpleNamespace(cfg=Config(asynchronous=asynchronous, chunk_prompts=2),
+                                         engine=types.SimpleNamespace(name=engine), shard=Shard(1, 1, 10, 0),
+                                         search=lambda pids, version: made.append(len(pids)) or [])
+        strategy, budget = ChunkedSearch(searcher), 4
+        while budget:
+            budget -= strategy.work(budget)
+        return made
+    assert calls(False, "vllm") == [4]
+    assert calls(False, "hf") == [2, 2] and calls(True, "vllm") == [2, 2]

@@ -144,3 +144,43 @@ def test_a_searcher_waiting_for_a_round_still_handles_a_signal_at_once():
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
+
+
+class Reporting:
+    """comm for rank 0 with two searchers that send the given Reports."""
+    rank, world = 0, 3
+
+    def __init__(self, reports):
+        self.reports = reports
+
+    def announce(self, step, flags):
+        pass
+
+    def ready(self):
+        pass
+
+    def gather_object(self, obj):
+        return [None, *self.reports]
+
+
+def test_a_round_breaks_the_searchers_time_down_and_says_how_idle_they_were():
+    """search/generate_seconds, ref_seconds, reward_seconds: per searcher, generation apart from the scoring that
+    gen_s includes; search/load_seconds: the last round's weight load; search/idle_ratio: the share of both
+    searchers' windows spent on none of it."""
+    import types
+    import failures
+    import runlog
+    import trainer
+    from buffer import ReplayBuffer, Sample
+    sample = Sample(0, (5, 6), 1.0, -1.0, -1.2, 0, True, ())
+    reports = [sync.Report([sample], 100, 2.0, 0.5, 0.3, 4.0, 0.1, 0, 0, None),  # busy 2 s of 4
+               sync.Report([], 50, 1.0, 0.2, 0.2, 4.0, 0.3, 0, 0, None)]  # busy 1 s of 4
+    state = types.SimpleNamespace(buffer=ReplayBuffer(Config()), trained=0, generated=0, step=1, places={},
+                                  timers=runlog.Timers(), rewards=failures.RewardWindow(0.5))
+    run = trainer.Run(Config(), Reporting(reports), None, None, state, None, [])
+    row = trainer.gather(run, 1, Flag.NONE)
+    assert row["search/generate_seconds"] == pytest.approx(((2.0 - 0.5 - 0.3) + (1.0 - 0.2 - 0.2)) / 2)
+    assert row["search/ref_seconds"] == pytest.approx(0.35) and row["search/reward_seconds"] == pytest.approx(0.25)
+    assert row["search/idle_ratio"] == pytest.approx(1 - 3.0 / 8.0)
+    assert row["search/load_seconds"] == pytest.approx(0.2)
+    assert row["search/tokens_per_s"] == pytest.approx(150 / 3.0) and row["sync/samples"] == 1

@@ -385,6 +385,8 @@ def test_paired_differences_and_contrast(tmp_path):
     assert rows[("rloo", "(loss=tb) minus this")] == ["4", *by_hand(rloo), f"not told apart at ±{half:.1f}"]
     assert rows[("tb", "weight_delay=0 minus weight_delay=64")][3] == "above 0"
     assert ("tb", "(loss=tb) minus this") not in rows
+    assert "plot: tables.png" in r.stdout  # the forest plot: each seed a dot, the mean and its interval a bar
+    assert (tmp_path / "tables.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_paired_refuses_a_key_that_does_not_differ(runs, tmp_path):
@@ -393,3 +395,71 @@ def test_paired_refuses_a_key_that_does_not_differ(runs, tmp_path):
         "error: --paired: 'weight_delay' does not differ between these runs (they differ in: m)")
     r = tables(*runs, "--paired", "m=0.5", cwd=tmp_path)
     assert r.returncode == 2 and "is not KEY=A,B" in r.stderr
+
+
+def test_ratio_interval_is_a_t_interval_on_the_log_of_paired_ratios():
+    from tables import ratio_interval
+    ratio, low, high = ratio_interval([(2.0, 1.0), (8.0, 1.0)])  # log ratios ln 2 and ln 8: geometric mean 4
+    assert ratio == pytest.approx(4.0) and low * high == pytest.approx(16.0)  # symmetric about 4 on the log scale
+    half = 12.706 * math.log(4.0) / 2  # t(0.975, 1 df) x sd / sqrt 2, sd = (ln 8 - ln 2) / sqrt 2
+    assert high == pytest.approx(4.0 * math.exp(half), rel=1e-6)
+    ratio, low, high = ratio_interval([(3.0, 2.0)])
+    assert ratio == pytest.approx(1.5) and low is None and high is None
+
+
+def make_success_run(path, loss, beta, seed, evals):
+    """A finished run of `loss` at beta whose evaluations are `evals`: {step: (attack_success, mode_entropy)}."""
+    os.makedirs(path)
+    with open(os.path.join(path, "config.yaml"), "w") as f:
+        cfg = Config(out_dir=path, loss=loss, beta_start=beta, beta_end=beta, seed=seed, steps=STEPS)
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+    rows = [{"step": s, **({"eval/attack_success": evals[s][0], "eval/mode_entropy": evals[s][1]} if s in evals
+                           else {})} for s in range(STEPS + 1)]
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    end = {"attack_success": evals[STEPS][0], "mode_entropy": evals[STEPS][1]}
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump({"steps": STEPS, "wall_seconds": 60.0, "eval_start": end, "eval_end": end}, f)
+
+
+def test_match_compares_runs_where_their_front_reaches_a_level(tmp_path):
+    """--front attack_success --match 0.5: each run's mode entropy where its success first reaches 50%, linear
+    between the evaluations around the crossing; a run that never reaches it is left out and counted."""
+    # success 0.0 -> 0.4 -> 0.8 at steps 0 / 30 / 60: crosses 0.5 a quarter of the way from step 30 to 60
+    # (step 37.5), where the entropy is 0.6 + 0.25 (0.2 - 0.6) = 0.5; the end value (0.2) must not be what counts
+    tb = {0: {0: (0.0, 1.0), 30: (0.4, 0.6), 60: (0.8, 0.2)}, 1: {0: (0.0, 1.0), 30: (0.5, 0.9), 60: (0.9, 0.1)},
+          2: {0: (0.0, 1.0), 30: (0.3, 0.8), 60: (0.7, 0.4)}}  # entropy at 0.5: 0.5, 0.9 (at step 30), 0.6
+    rloo = {0: {0: (0.0, 1.0), 30: (0.4, 0.4), 60: (0.8, 0.0)}, 1: {0: (0.0, 1.0), 30: (0.6, 0.5), 60: (1.0, 0.5)},
+            2: {0: (0.0, 1.0), 30: (0.2, 0.9), 60: (0.45, 0.9)}}  # 0.3, 1.0 - 5/6 x 0.5, never (0.45 at the end)
+    dirs = []
+    for beta, shift in ((0.1, 0.0), (1.0, 0.1)):  # at beta 1 every entropy 0.1 higher, the differences the same
+        for loss, evals in (("tb", tb), ("rloo", rloo)):
+            for seed, points in evals.items():
+                dirs.append(str(tmp_path / f"{loss}_b{beta}_s{seed}"))
+                make_success_run(dirs[-1], loss, beta, seed, {s: (x, y + shift) for s, (x, y) in points.items()})
+    p = tables(*dirs, "--group-by", "loss,beta_end", "--metric", "mode_entropy", "--front", "attack_success",
+               "--match", "0.5", "--finals", "mode_entropy", "--no-plot", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "where eval/attack_success first reaches 0.5:" in p.stdout
+    rows = {(r[0], r[1]): r[2:] for r in table_rows(p.stdout)[1:]}
+    assert rows[("tb", "0.1")] == ["3/3", by_hand([37.5, 30, 45], 1, 0), by_hand([0.5, 0.9, 0.6], 1, 3)]
+    rloo_at = [0.3, 1.0 - 5 / 6 * 0.5]
+    assert rows[("rloo", "0.1")] == ["2/3", by_hand([37.5, 30 - 30 / 6], 1, 0), by_hand(rloo_at, 1, 3)]
+    assert rows[("tb", "1.0")][2] == by_hand([0.6, 1.0, 0.7], 1, 3)
+    # paired by seed: tb minus rloo per beta (seeds 0 and 1: 0.2 and 0.9 - 0.5833), and both betas pooled (n = 4)
+    p = tables(*dirs, "--group-by", "loss,beta_end", "--paired", "loss=tb,rloo", "--front", "attack_success",
+               "--match", "0.5", "--metric", "mode_entropy", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "per seed: eval/mode_entropy where eval/attack_success first reaches 0.5" in p.stdout
+    rows = {r[0]: r[1:] for r in table_rows(p.stdout)[1:]}
+    diffs = [0.5 - rloo_at[0], 0.9 - rloo_at[1]]
+    for beta in ("0.1", "1.0"):
+        assert rows[beta][:3] == ["loss=tb minus loss=rloo", "2", f"{statistics.mean(diffs):+.3f}"]
+    half = 3.182 * statistics.stdev(diffs * 2) / 2  # t at 3 degrees of freedom
+    pooled = statistics.mean(diffs)
+    assert rows["pooled"][1:4] == ["4", f"{pooled:+.3f}", f"[{pooled - half:+.3f}, {pooled + half:+.3f}]"]  # nats
+    for bad, why in ((["--match", "0.5", "--finals", "mode_entropy"], "--match needs --front X"),
+                     (["--front", "attack_success", "--match", "0.5"], "--match needs --front X"),
+                     (["--front", "attack_success", "--match", "x", "--finals", "mode_entropy"], "is not V[,V2...]")):
+        p = tables(*dirs, "--metric", "mode_entropy", *bad, "--no-plot", cwd=tmp_path)
+        assert p.returncode == 2 and why in p.stderr, p.stderr
