@@ -3,7 +3,7 @@
 # of 64 summaries, evaluated on 1,024 test posts every 20 steps, seeds 0-3, one seed at a time over every arm so a
 # partial grid is balanced; rerunning skips finished runs and resumes unfinished ones. Two phases, in this order:
 #   bash scripts/tldr_grid.sh control   # the positive control: every baseline at D = 0 and D = 14, then its table
-#   bash scripts/tldr_grid.sh compare   # TB and the m ablation, once the control has passed
+#   bash scripts/tldr_grid.sh compare   # TB and the m ablation (the control gates only question 2)
 #   DRY_RUN=1 bash scripts/tldr_grid.sh control   # only list the runs;  ARMS="rloo_d0" SEEDS="0" for a part
 # Held equal in every arm: the SFT and the proxy (the labeller's utility), the KL coefficient 0.4 (TB's beta, RLOO's
 # and GRPO's KL weight, online DPO's DPO beta), 64 fresh summaries a step (every arm generates what it trains on: the
