@@ -7,6 +7,7 @@
     python tables.py out/staleness/seed*/* --against weight_delay  # final / best against one key, a line per group
     python tables.py out/rt/* --metric attack_success --finals attack_success,modes_covered,mode_tv  # several finals
     python tables.py out/tldr_mini/* --metric win_rate --front kl  # win rate against KL through each run (a front)
+    python tables.py out/tldr_mini/* --metric win_rate --front kl --matched 0.25,0.5  # each run's curve at equal KL
     python tables.py out/stale/* --paired weight_delay=0,64 --contrast loss=tb --last 3  # paired seeds, 95% intervals
                                                                                           # (and a forest plot)
     python tables.py out/rt/* --front attack_success --match 0.5 --finals mode_entropy,mode_tv  # at equal success
@@ -17,12 +18,16 @@ unfinished) are named in one warning and skipped. Rates (accuracy, win_rate, att
 other metrics as logged; "a ± b" is mean ± standard error over the seeds of a group (std / sqrt(n)); a group of one
 seed shows the bare value. gain = final - start; best = the best evaluation of the run (lowest for perplexity).
 With --against KEY: drop = final - final of the same group at KEY's smallest value; collapsed = runs that ended below
-their start. With --paired KEY=A,B: per seed, the metric at KEY=A minus the metric at KEY=B within each group of the
+their start. With --front X --matched V: each run's metric where eval/X passes V, interpolated linearly between the
+two evaluations around it and averaged over its passes (runs compared at equal KL, not at evaluations that happen to
+fall near it). With --paired KEY=A,B: per seed, the metric at KEY=A minus the metric at KEY=B within each group of the
 other keys, and (--contrast K=V) the group K=V's difference minus each other group's, per seed; mean and 95%
 t-interval over the seeds (t with n - 1 degrees of freedom), and the verdict the interval gives; with more than one
-group of the other keys, a last row pools every group's pairs. With --front X --match V, a run's value of a metric is
-taken where the run's eval/X first reaches V (interpolated between the two evaluations around it): runs compared at
-equal X, as on a front, instead of at their ends.
+group of the other keys, a last row pools every group's pairs. Each run's value there is read at --at STEP, at --front X
+--matched V, at --front X --match V, or as the mean of its --last N evaluations. With --front X --match V, a run's value
+of a metric is taken where the run's eval/X first reaches V (interpolated between the two evaluations around it): runs
+compared at equal X, as on a front, instead of at their ends (--match: the level a run climbs to, such as attack
+success; --matched: a level a run may cross several times, such as KL).
 """
 import argparse
 import csv
@@ -218,13 +223,15 @@ def parse_args():
                    "group of the other keys that differ (e.g. weight_delay)")
     p.add_argument("--front", default="", help="an eval metric X: plot --metric against eval/X at every evaluation, a "
                    "line per group (mean over its seeds at each step), e.g. --metric win_rate --front kl")
-    p.add_argument("--band", default="", help="with --front X: LO,HI: a table of --metric averaged over each run's "
-                   "evaluations with eval/X in [LO, HI] (the groups compared on the front at equal X)")
+    p.add_argument("--matched", default="", help="with --front X: V1,V2,...: a table of --metric in each run where "
+                   "eval/X passes each V, interpolated between the two evaluations around it, the mean over its passes "
+                   "(e.g. --front kl --matched 0.25,0.5: the groups at equal KL); with --paired, one V: the paired "
+                   "differences there")
     p.add_argument("--match", default="", help="with --front X: V[,V2...]: each metric where each run's eval/X first "
                    "reaches V, interpolated between evaluations (a table per V with --finals; the paired values with "
                    "--paired), e.g. --front attack_success --match 0.5")
-    p.add_argument("--at", default=None, help="with --finals: the values at this step's evaluation instead of the "
-                   "run's end, or 'best': at each run's evaluation where --metric is best (the peak of a front)")
+    p.add_argument("--at", default=None, help="with --finals: the values at this step's evaluation instead "
+                   "of the run's end; with --paired: each run's --metric at this step")
     p.add_argument("--finals", default="", help="comma-separated eval metrics: one table of their final values "
                    "(mean ± s.e.), a column each, instead of the main table (e.g. attack_success,modes_covered); a "
                    "name with a slash is a logged scalar's mean over the run (e.g. staleness/mean)")
@@ -232,8 +239,8 @@ def parse_args():
                    "group of the other keys (e.g. weight_delay=0,64: the drop staleness causes), mean and 95%% CI")
     p.add_argument("--contrast", default="", help="with --paired: K=V: per seed, group K=V's difference minus each "
                    "other group's (e.g. loss=tb), mean, 95%% CI and the verdict (below 0, above 0, not told apart)")
-    p.add_argument("--last", type=int, default=1, help="with --paired: each run's metric is the mean of its last N "
-                   "evaluations (default 1: the final one)")
+    p.add_argument("--last", type=int, default=1, help="with --paired (without --at or --matched): each run's metric "
+                   "is the mean of its last N evaluations (default 1: the final one)")
     p.add_argument("--metric", default="accuracy", help="the eval metric to compare (accuracy, win_rate, perplexity, "
                    "attack_success_rate, diversity, log_p_toxic, or any eval/<name> the task logs)")
     args = p.parse_args()
@@ -339,57 +346,55 @@ def value_at(run, metric, step):
                 float("nan"))
 
 
-def best_step(run, metric):
-    """The step of the run's evaluation where eval/<metric> is best (highest; lowest for LOWER_IS_BETTER)."""
-    rows = [row for row in run["rows"] if f"eval/{metric}" in row]
-    return max(rows, key=lambda row: row[f"eval/{metric}"] * (-1 if metric in LOWER_IS_BETTER else 1))["step"]
-
-
-def finals_table(groups, names, metrics, step=None, metric=None):
-    """--finals: a row per group, a column per eval metric: its value at the run's end (or at --at STEP, or at
-    --at best: each run's evaluation where `metric` is best, with a column of those steps; mean ± s.e. over seeds;
-    rates in percent), and in the first row's cells its start value, the mean over every run given that logged one."""
+def finals_table(groups, names, metrics, step=None):
+    """--finals: a row per group, a column per eval metric: its value at the run's end (or at --at STEP; mean ± s.e.
+    over seeds; rates in percent), and in the first row's cells its start value, the mean over every run given that
+    logged one."""
     if step is not None:
-        print(f"at each run's best eval/{metric}:" if step == "best" else f"at step {step}:")
-    steps = ["step"] if step == "best" else []
-    print("| " + " | ".join((names or ["group"]) + ["n"] + steps + list(metrics)) + " |")
-    print("|" + "---|" * (len(names or ["group"]) + 1 + len(steps) + len(metrics)))
+        print(f"at step {step}:")
+    print("| " + " | ".join((names or ["group"]) + ["n"] + list(metrics)) + " |")
+    print("|" + "---|" * (len(names or ["group"]) + 1 + len(metrics)))
     runs = [run for members in groups.values() for run in members]
     starts = {m: [run["summary"]["eval_start"].get(m, float("nan")) for run in runs] for m in metrics}
     start = [np.mean([v for v in starts[m] if np.isfinite(v)] or [float("nan")]) * (100 if m in PERCENT else 1)
              for m in metrics]
-    print("| " + " | ".join(["start"] * len(names or ["group"]) + ["-"] + ["0"] * len(steps)
+    print("| " + " | ".join(["start"] * len(names or ["group"]) + ["-"]
                             + [f"{v:.{1 if m in PERCENT else 3}f}" for v, m in zip(start, metrics)]) + " |")
     for values, members in groups.items():
         cells = [str(v) for v in values] or ["all"]
         cells.append(str(len(members)))
-        at = [best_step(r, metric) if step == "best" else step for r in members]
-        if steps:
-            cells.append(fmt(*mean_se(at, 1.0), 0))
         for m in metrics:
-            ends = [value_at(r, m, s) for r, s in zip(members, at)]
+            ends = [value_at(r, m, step) for r in members]
             cells.append(fmt(*mean_se(ends, 100.0 if m in PERCENT else 1.0), 1 if m in PERCENT else 3))
         print("| " + " | ".join(cells) + " |")
 
 
-def band_table(groups, names, metric, x, lo, hi):
-    """--band LO,HI with --front X: per group, eval/<metric> averaged over each run's evaluations whose eval/<x> lies
-    in [LO, HI], then mean ± s.e. over the runs that have one (the column `runs`: those of all); `evals` is the mean
-    number of such evaluations a run, `x` their mean eval/<x>."""
+def at_x(run, metric, x, value):
+    """eval/<metric> where the run's eval/<x> passes `value`: its evaluations in step order, linear between two
+    consecutive ones whose eval/<x> lie on either side of `value` (an evaluation exactly at it counts once), averaged
+    over every such pass (a run that comes back to `value` counts each time); None if it never passes it."""
+    points = [(row[f"eval/{x}"], row[f"eval/{metric}"]) for row in sorted(run["rows"], key=lambda r: r["step"])
+              if f"eval/{x}" in row and f"eval/{metric}" in row]
+    found = []
+    for i, ((x0, y0), (x1, y1)) in enumerate(zip(points, points[1:])):
+        if min(x0, x1) <= value <= max(x0, x1) and not (x0 == value and i > 0):  # an evaluation on it: once
+            found.append(y0 if x1 == x0 else y0 + (value - x0) / (x1 - x0) * (y1 - y0))
+    return float(np.mean(found)) if found else None
+
+
+def matched_table(groups, names, metric, x, values):
+    """--front X --matched V1,V2,...: per group and V, --metric where each run's eval/X passes V (at_x), mean ± s.e.
+    over the runs that reach it; "(k/n)" when only k of the group's n runs do."""
     pct = 100.0 if metric in PERCENT else 1.0
-    print(f"evaluations with eval/{x} in [{lo:g}, {hi:g}]:")
-    print("| " + " | ".join((names or ["group"]) + ["runs", "evals", x, metric]) + " |")
-    print("|" + "---|" * (len(names or ["group"]) + 4))
-    for values, members in groups.items():
-        inside = [[(row[f"eval/{x}"], row[f"eval/{metric}"]) for row in r["rows"] if f"eval/{metric}" in row
-                   and lo <= row.get(f"eval/{x}", float("nan")) <= hi] for r in members]
-        inside = [pts for pts in inside if pts]
-        cells = ([str(v) for v in values] or ["all"]) + [f"{len(inside)}/{len(members)}"]
-        if inside:
-            cells += [f"{np.mean([len(p) for p in inside]):.1f}", f"{np.mean([q[0] for p in inside for q in p]):.3f}",
-                      fmt(*mean_se([np.mean([q[1] for q in p]) for p in inside], pct), 1 if pct > 1 else 3)]
-        else:
-            cells += ["0", "-", "-"]
+    print(f"eval/{metric} where eval/{x} passes each value (interpolated in each run, the mean over its passes):")
+    print("| " + " | ".join((names or ["group"]) + ["n"] + [f"{x} = {v:g}" for v in values]) + " |")
+    print("|" + "---|" * (len(names or ["group"]) + 1 + len(values)))
+    for group, members in groups.items():
+        cells = ([str(v) for v in group] or ["all"]) + [str(len(members))]
+        for v in values:
+            found = [y for y in (at_x(r, metric, x, v) for r in members) if y is not None]
+            cell = fmt(*mean_se(found, pct), 1 if pct > 1 else 3) if found else "-"
+            cells.append(cell if len(found) == len(members) else f"{cell} ({len(found)}/{len(members)})")
         print("| " + " | ".join(cells) + " |")
 
 
@@ -407,7 +412,7 @@ def matched_value(run, metric, x, level):
     return float("nan")
 
 
-def matched_table(groups, names, metrics, x, level):
+def reached_table(groups, names, metrics, x, level):
     """--finals with --front X --match V: per group, each metric where each run's eval/<x> first reaches V (mean ±
     s.e. over the runs that reach it; `runs`: those of all; `step`: the mean step of the crossing)."""
     print(f"where eval/{x} first reaches {level:g}:")
@@ -472,20 +477,20 @@ def same(value, text):
 
 
 def paired_diffs(runs, keys, value, pair, scale):
-    """{values of the other keys: {seed: value(run at KEY=A) - value(run at KEY=B)}} over the seeds that have both
-    (and where both are numbers: a run that never reached a --match level has none)."""
+    """{values of the other keys: {seed: value(run at KEY=A) - value(run at KEY=B)}} over the seeds where both runs have
+    a value (value gives None or NaN where a run has none: it never reached the level, it has no such step)."""
     key, (a, b) = pair
     others = [k for k in keys if k != key]
     cells = {}
     for r in runs:
         side = 0 if same(r["cfg"].get(key), a) else 1 if same(r["cfg"].get(key), b) else None
-        if side is not None:
+        x = value(r) if side is not None else None
+        if x is not None and math.isfinite(x):
             cell = cells.setdefault(tuple(r["cfg"].get(k) for k in others), {}).setdefault(r["cfg"]["seed"], [None] * 2)
-            cell[side] = value(r) * scale
-    diffs = {values: {s: v[0] - v[1] for s, v in seeds.items() if None not in v and np.isfinite(v[0] - v[1])}
-             for values, seeds in cells.items()}
+            cell[side] = x * scale
+    diffs = {values: {s: v[0] - v[1] for s, v in seeds.items() if None not in v} for values, seeds in cells.items()}
     if not any(diffs.values()):
-        fail(f"--paired: no seed has runs at both {key}={a} and {key}={b}")
+        fail(f"--paired: no seed has runs with a value at both {key}={a} and {key}={b}")
     return others, {values: d for values, d in sorted(diffs.items(), key=lambda kv: sort_key(kv[0])) if d}
 
 
@@ -521,8 +526,8 @@ def paired_table(runs, keys, value, pair, contrast, scale, what, digits):
                    else f"not told apart at ±{half:.{digits}f}")
         print("| " + " | ".join([str(v) for v in values] or ["all"]) + f" | {label} | {len(d)} | {mean:+.{digits}f} | {ci} | "
               f"{verdict} |")
-    return [(", ".join(f"{n}={v}" for n, v in zip(names, values)) if values[0] != "pooled" else "pooled", label, d)
-            for values, label, d in table]
+    return [("pooled" if list(values[:1]) == ["pooled"] else ", ".join(f"{n}={v}" for n, v in zip(names, values)) or
+             "all", label, d) for values, label, d in table]
 
 
 def plot_paired(table, path, what):
@@ -546,6 +551,26 @@ def plot_paired(table, path, what):
         ax.set_xlabel(rows[0][1].replace("this", "each row") + f" ({what})", fontsize=8)
         ax.grid(axis="x", alpha=0.3)
     save(plt, fig, [], path)
+
+
+def paired_reader(args, levels):
+    """(value, what) for --paired: each run's --metric at --at STEP, where --front X passes --matched V, where it
+    first reaches --match V, or the mean of its --last N evaluations."""
+    metric = args.metric
+    if args.at is not None:
+        return (lambda r: value_at(r, metric, args.at)), f"eval/{metric} at step {args.at}"
+    if args.matched:
+        if len(args.matched) != 1:
+            fail(f"--paired takes one --matched value, not {len(args.matched)}")
+        v = args.matched[0]
+        return (lambda r: at_x(r, metric, args.front, v)), (f"eval/{metric} where eval/{args.front} passes {v:g} "
+                                                            "(interpolated, the mean over the run's passes)")
+    if levels:
+        return ((lambda r: matched_value(r, metric, args.front, levels[0])),
+                f"eval/{metric} where eval/{args.front} first reaches {levels[0]:g}")
+    last = max(1, args.last)
+    what = f"eval/{metric}, mean of the last {last} evaluations" if last > 1 else f"eval/{metric}"
+    return (lambda r: last_mean(r, metric, last)), what
 
 
 def write_csv(records, path):
@@ -574,10 +599,17 @@ def match_levels(args):
 
 def main():
     args = parse_args()
-    if args.at not in (None, "best"):
+    if args.at is not None:
         if not args.at.isdigit():
-            fail(f"--at: '{args.at}' is neither a step nor 'best'")
+            fail(f"--at: '{args.at}' is not a step")
         args.at = int(args.at)
+    if args.matched:
+        try:
+            args.matched = [float(v) for v in args.matched.split(",")]
+        except ValueError:
+            fail(f"--matched: '{args.matched}' is not a list of numbers V1,V2,...")
+        if not args.front:
+            fail("--matched needs --front X (the metric whose values it matches)")
     levels = match_levels(args)
     runs = load_finished(args.runs, args.metric)
     keys, groups = group_runs(runs, args.group_by)
@@ -591,13 +623,7 @@ def main():
             fail(f"--paired: '{pair[0]}' does not differ between these runs (they differ in: "
                  f"{', '.join(names) or 'nothing'})")
         contrast = parse_pair(args.contrast, "--contrast", 1) if args.contrast else None
-        if levels:
-            what = f"eval/{args.metric} where eval/{args.front} first reaches {levels[0]:g}"
-            value = lambda r: matched_value(r, args.metric, args.front, levels[0])  # noqa: E731
-        else:
-            last = max(1, args.last)
-            what = f"eval/{args.metric}" + (f", mean of the last {last} evaluations" if last > 1 else "")
-            value = lambda r: last_mean(r, args.metric, last)  # noqa: E731
+        value, what = paired_reader(args, levels)
         table = paired_table(runs, keys, value, pair, contrast, scale, what, digits)
         if not args.no_plot:
             plot_paired(table, args.plot, what)
@@ -615,21 +641,14 @@ def main():
               for values, members in groups.items()}
     if args.front and not args.no_plot:
         plot_front(labels, args.plot, args.metric, args.front)
-    if args.band:
-        try:
-            lo, hi = (float(v) for v in args.band.split(","))
-        except ValueError:
-            fail(f"--band: '{args.band}' is not LO,HI")
-        if not args.front:
-            fail("--band needs --front X (the metric whose band it is)")
-        band_table(groups, names, args.metric, args.front, lo, hi)
-        return
+    if args.matched:
+        return matched_table(groups, names, args.metric, args.front, args.matched)
     if args.finals and levels:
         for level in levels:
-            matched_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.front, level)
+            reached_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.front, level)
         return
     if args.finals:
-        finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.at, args.metric)
+        finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.at)
         if not args.no_plot and not args.front:
             plot(labels, args.plot, args.metric)
         return

@@ -245,8 +245,11 @@ def main():
         if world != ranks:
             raise ConfigError(f"n_trainers={cfg.n_trainers} and n_searchers={cfg.n_searchers} need {ranks} processes, "
                               f"torchrun started {world}")
-        if rank >= cfg.n_trainers and cfg.searcher_nice:
-            lower_priority(cfg.searcher_nice)
+        # a run started niced (`nice -n 19 bash launch.sh`) stays niced: torchrun gives each rank its own session,
+        # and autogroup scheduling would otherwise weigh that session level with every other on the box
+        nice = max(os.nice(0), cfg.searcher_nice if rank >= cfg.n_trainers else 0)
+        if nice:
+            lower_priority(nice)
         ctx = Context(cfg)
         if rank < cfg.n_trainers and ctx.device == "cpu" and trainer_threads(cfg):
             torch.set_num_threads(trainer_threads(cfg))

@@ -19,7 +19,11 @@ read at EOS alone, the tiny model never learnt to). Trained by Bradley-Terry on 
 summaries of a post from a simulated labeller who judges the facts like the gold rule but prefers longer summaries
 (utility +LENGTH_BIAS per padding clause instead of the gold's length penalty: the length bias of human TL;DR labels,
 Singhal et al. 2023), and whose choices are noisy (each pair labelled with probability sigmoid(u_a - u_b)). The
-training reward is its score, -1 without EOS (trl's non_eos_penalty, as rewards/tldr.py).
+training reward is its score, -1 without EOS (trl's non_eos_penalty, as rewards/tldr.py). `reward_model: labeller`
+(configs/tldr_mini.yaml) takes the labeller's utility itself as the proxy: the RM a 2-layer model learns reads the facts
+too weakly for the KL-regularised optimum of its score to beat the SFT by more than a few points at any beta, while the
+utility's optimum beats it by more than 10 (assets/tiny-tldr-mini/rm/tiny_info.json; docs/tasks.md); padding, which it
+rewards and the gold punishes, is what over-optimisation exploits.
 
 Evaluation (`make_evaluator`): one summary per test post sampled at the config's temperature (the distribution the
 objective trains; the paper's win rate is at 0.01), then totals
@@ -61,6 +65,7 @@ DEFAULT_TRAIN = "procedural:train:512"
 DEFAULT_TEST = "procedural:test:256"
 SEEDS = {"train": 1, "test": 2}  # the RM's and the SFT's posts come from other streams (make_tiny_models.py)
 EVAL_BATCH = 64
+LABELLER = "labeller"  # reward_model: the labeller's utility as the proxy instead of a model (Scorer)
 DEFAULT_REWARD_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "assets",
                                     "tiny-tldr-mini", "rm")
 NAME, ITEM, WANT_WORD = (f"(?:{'|'.join(ws)})" for ws in (NAMES, ITEMS, WANTS))
@@ -187,9 +192,14 @@ def rm_scores(model, tok, posts, summaries):
 
 
 class Scorer:
-    """The training reward: the proxy RM's score (rm_scores), NON_EOS_PENALTY without EOS."""
+    """The training reward: the proxy RM's score (rm_scores) or, with `reward_model: labeller`, the labeller's utility
+    itself (what a proxy RM of it converges to: the facts right, the length bias whole); NON_EOS_PENALTY without
+    EOS."""
 
     def __init__(self, cfg, device):
+        self.rm = None
+        if cfg.reward_model == LABELLER:
+            return
         from transformers import AutoTokenizer, LlamaForTokenClassification
         path = hf.resolve(cfg.reward_model, DEFAULT_REWARD_MODEL, "reward_model")
         check_shipped(path)
@@ -205,6 +215,10 @@ class Scorer:
     def score(self, prompts, completions, records, finished):
         rewards = [NON_EOS_PENALTY] * len(completions)
         todo = [i for i, f in enumerate(finished) if f]
+        if self.rm is None:
+            for i in todo:
+                rewards[i] = utility(completions[i], facts_of(prompts[i]))
+            return rewards
         for s in range(0, len(todo), EVAL_BATCH):
             part = todo[s : s + EVAL_BATCH]
             values = rm_scores(self.rm, self.tok, [prompts[i] for i in part], [completions[i] for i in part])

@@ -1,6 +1,7 @@
 """Build the tiny local assets of the model-based tasks (rewards/tldr.py, rewards/redteam.py), for CPU runs and tests.
 
-    python scripts/make_tiny_models.py [--out assets]   # builds what is missing (about 15 min), then SHA256SUMS
+    python scripts/make_tiny_models.py [--out assets]   # builds what is missing (about 25 min), then SHA256SUMS
+    python scripts/make_tiny_models.py --info           # measures the tldr-mini pair again: its tiny_info.json only
 
 The repository ships what this made (assets/README.md); the models are trained on the machine that runs it and may
 differ from machine to machine in their last bits. All are 2-layer Llama sequence classifiers over the tiny arith
@@ -26,7 +27,8 @@ attacker and the red-team victim.
                                         tokenizer, SFT 1000 steps on posts -> noisy references) and proxy reward
                                         model (its layers under a token head, Bradley-Terry 2000 steps on a
                                         length-biased labeller's noisy preferences); rm/tiny_info.json: the RM's
-                                        agreement with the labeller and the gold, the SFT's win / tie rate.
+                                        agreement with the labeller and the gold, the SFT's win / tie rate, and
+                                        the KL-regularised optimum of the RM and of the labeller (kl_optimum).
 Each folder is built in <folder>.tmp and renamed when complete; an existing one is left alone. Last, <out>/SHA256SUMS
 is written anew over every file under <out> (make_tiny.py's model included): the list policy.check_shipped holds the
 shipped files to.
@@ -362,12 +364,15 @@ def tldr_mini_info(policy, rm, tok, n=512, seed=0):
             **kl_optimum(policy, rm, tok, posts[:128], refs[:128], seed)}
 
 
-def kl_optimum(policy, rm, tok, posts, refs, seed, samples=32, betas=(1.0, 0.5, 0.2, 0.05)):
+def kl_optimum(policy, rm, tok, posts, refs, seed, samples=1024, betas=(2.0, 1.0, 0.7, 0.5, 0.4, 0.3, 0.2, 0.1, 0.05)):
     """Win rate and KL to the SFT of pi_sft(y) exp(r(y) / beta) normalised, the optimum of KL-regularised RL at
-    coefficient beta and TB's target (paper Eq. 2), for r = the proxy RM and r = the labeller's utility: estimated by
-    weighting `samples` SFT summaries per post by softmax(r / beta) (self-normalised importance sampling, so it sees
-    only what the SFT writes: the optimum's over-optimisation beyond the SFT's support is not in it). The landscape
-    has a front with a rising part when the optimum at a moderate beta wins more than the SFT."""
+    coefficient beta and TB's target (paper Eq. 2), for r = the proxy RM and r = the labeller's utility (the proxy
+    rewards/tldr_mini.py calls `labeller`): estimated by weighting `samples` SFT summaries per post by softmax(r / beta)
+    (self-normalised importance sampling). It sees only what the SFT writes, so the optimum's over-optimisation beyond
+    the SFT's support is not in it; and at small beta the tilt favours the SFT's rare summaries with two pads or more,
+    which a few samples a post miss (with 32 a post the labeller's optimum at beta 0.3 came out 7 points higher than
+    with 1024). Per beta: the win rate, the KL, the paired standard error over posts of the gain over the SFT, and the
+    mean padding clauses."""
     import torch
     from rewards import tldr_mini as tm
     torch.manual_seed(seed + 1)
@@ -377,23 +382,27 @@ def kl_optimum(policy, rm, tok, posts, refs, seed, samples=32, betas=(1.0, 0.5, 
     labeller = [[tm.utility(y, f) for y in ys] for (_, f, _), ys in zip(posts, texts)]
     wins = torch.tensor([[float(tm.gold(y, f) > tm.gold(r, f)) for y in ys] for (_, f, _), r, ys
                          in zip(posts, refs, texts)])
-    result = {}
+    pads = torch.tensor([[float(sum(c in tm.PADS for c in tm.clauses_of(y) or [])) for y in ys] for ys in texts])
+    result = {"samples_per_post": samples}
     for name, r in (("proxy", proxy), ("labeller", labeller)):
         for beta in betas:
-            win, kl = tilted(torch.tensor(r), wins, beta)
-            result.setdefault(f"{name}_optimum_win_rate", {})[str(beta)] = round(win, 4)
-            result.setdefault(f"{name}_optimum_kl", {})[str(beta)] = round(kl, 3)
+            win, kl, se, mean_pads = tilted(torch.tensor(r), wins, pads, beta)
+            for key, value, digits in (("win_rate", win, 4), ("kl", kl, 3), ("gain_se", se, 4), ("pads", mean_pads, 3)):
+                result.setdefault(f"{name}_optimum_{key}", {})[str(beta)] = round(value, digits)
     result["sft_win_rate_on_these_posts"] = round(wins.mean().item(), 4)
     return result
 
 
-def tilted(rewards, wins, beta):
-    """(win rate, KL to the sampler) of the sampler tilted by exp(r / beta), from n samples a post: rewards and wins
-    are [posts, n]; each post's samples weigh softmax(r / beta), so KL = sum w log(w n), averaged over posts."""
+def tilted(rewards, wins, pads, beta):
+    """(win rate, KL to the sampler, paired s.e. over posts of the win rate's gain over the sampler, mean pads) of the
+    sampler tilted by exp(r / beta), from n samples a post: rewards, wins and pads are [posts, n]; each post's samples
+    weigh softmax(r / beta), so KL = sum w log(w n), averaged over posts."""
     import torch
     w = torch.softmax(rewards / beta, dim=1)
     n = rewards.shape[1]
-    return (w * wins).sum(1).mean().item(), torch.xlogy(w, w * n).sum(1).mean().item()
+    gain = (w * wins).sum(1) - wins.mean(1)
+    se = gain.std().item() / math.sqrt(len(gain)) if len(gain) > 1 else float("nan")
+    return (w * wins).sum(1).mean().item(), torch.xlogy(w, w * n).sum(1).mean().item(), se, (w * pads).sum(1).mean().item()
 
 
 def sample(policy, tok, prompts, max_new_tokens=24):
@@ -428,6 +437,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join(ROOT, "assets"))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--info", action="store_true", help="measure the built tldr-mini pair again: rewrite "
+                    "tiny-tldr-mini/rm/tiny_info.json (about 7 minutes of one core), then SHA256SUMS")
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)  # one thread: deterministic, and many times faster than two on a busy 2-core box
@@ -455,16 +466,25 @@ def main():
     build(os.path.join(mini, "sft"), lambda tmp: train_summariser(summ, args.seed, 1000, log), summ)
 
     def make_rm(tmp):
-        from transformers import AutoModelForCausalLM
         rm = train_proxy_rm(os.path.join(mini, "sft"), summ, args.seed, 2000, log)
-        info = tldr_mini_info(AutoModelForCausalLM.from_pretrained(os.path.join(mini, "sft")), rm, summ,
-                              seed=args.seed)
-        with open(os.path.join(tmp, "tiny_info.json"), "w") as f:
-            json.dump(info, f, indent=2)
-        log(f"  tldr-mini: {info}")
+        write_tldr_mini_info(mini, rm, summ, args.seed, tmp, log)
         return rm
+    if args.info:  # the shipped pair measured again: its tiny_info.json only, no training
+        from transformers import AutoTokenizer, LlamaForTokenClassification
+        shipped = os.path.join(mini, "rm")
+        rm = LlamaForTokenClassification.from_pretrained(shipped)
+        write_tldr_mini_info(mini, rm, AutoTokenizer.from_pretrained(shipped), args.seed, shipped, log)
     build(os.path.join(mini, "rm"), make_rm, summ)
     write_sums(args.out)
+
+
+def write_tldr_mini_info(mini, rm, tok, seed, folder, log):
+    """<folder>/tiny_info.json: tldr_mini_info of the summariser <mini>/sft with the proxy RM `rm`."""
+    from transformers import AutoModelForCausalLM
+    info = tldr_mini_info(AutoModelForCausalLM.from_pretrained(os.path.join(mini, "sft")), rm, tok, seed=seed)
+    with open(os.path.join(folder, "tiny_info.json"), "w") as f:
+        json.dump(info, f, indent=2)
+    log(f"  tldr-mini: {info}")
 
 
 def write_sums(root):

@@ -245,20 +245,12 @@ def test_finals_table_puts_several_metrics_side_by_side(tmp_path):
     p = tables(*dirs, "--metric", "attack_success", "--finals", "modes_covered", "--no-plot", "--at", "31",
                cwd=tmp_path)
     assert table_rows(p.stdout)[2][2] == "nan ± nan"
-    # --at best: each run at its own evaluation of highest --metric (the first one on a tie), with those steps
-    p = tables(*dirs, "--metric", "attack_success", "--finals", "modes_covered", "--no-plot", "--at", "best",
-               cwd=tmp_path)
-    rows = table_rows(p.stdout)
-    assert rows[0] == ["m", "n", "step", "modes_covered"] and rows[1] == ["start", "-", "0", "6.000"]
-    # m = 0.5: seed 0 peaks at step 30 (0.50 = its end), seeds 1-2 at the end with 6 - seed modes
-    assert rows[2] == ["0.5", "3", by_hand([30, STEPS, STEPS], 1, 0), by_hand([5, 5, 4], 1, 3)]
-    assert rows[3] == ["0.95", "3", f"{STEPS} ± 0", "6.000 ± 0.000"]
-    # a name with a slash: a logged scalar's mean over the run (train/reward_mean = m * step / STEPS + 0.01 seed)
-    p = tables(*dirs, "--finals", "train/reward_mean", "--no-plot", cwd=tmp_path)
+    p = tables(*dirs, "--finals", "train/reward_mean", "--no-plot", cwd=tmp_path)  # a logged scalar's mean over the run
     mean_over_steps = [0.5 * (STEPS + 1) / (2 * STEPS) + 0.01 * seed for seed in range(3)]
     assert table_rows(p.stdout)[2] == ["0.5", "3", by_hand(mean_over_steps, 1, 3)]
-    p = tables(*dirs, "--finals", "modes_covered", "--no-plot", "--at", "last", cwd=tmp_path)
-    assert p.returncode != 0 and "--at: 'last' is neither a step nor 'best'" in p.stderr
+    for bad in ("best", "last"):  # no best-of-N peak: a step fixed in advance or the end
+        p = tables(*dirs, "--finals", "modes_covered", "--no-plot", "--at", bad, cwd=tmp_path)
+        assert p.returncode == 2 and p.stderr.strip() == f"error: --at: '{bad}' is not a step"
 
 
 def test_front_plots_one_metric_against_another(tmp_path):
@@ -271,16 +263,80 @@ def test_front_plots_one_metric_against_another(tmp_path):
     p = tables(*dirs, "--metric", "win_rate", "--front", "kl", "--plot", "front.png", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert "plot: front.png" in p.stdout and os.path.getsize(tmp_path / "front.png") > 1000
-    # --band: the metric averaged over the evaluations inside a band of the front's x (kl 0 / 1 / 2 at start / 30 / end)
-    p = tables(*dirs, "--metric", "win_rate", "--front", "kl", "--band", "0.5,2", "--no-plot", cwd=tmp_path)
-    rows = table_rows(p.stdout)
-    assert rows[0] == ["m", "runs", "evals", "kl", "win_rate"]
-    assert rows[1] == ["0.5", "3/3", "2.0", "1.500", by_hand([(0.4 + f) / 2 for f in (0.50, 0.52, 0.54)])]
-    p = tables(*dirs, "--metric", "win_rate", "--front", "kl", "--band", "1.2,1.8", "--no-plot", cwd=tmp_path)
-    assert table_rows(p.stdout)[1] == ["0.5", "0/3", "0", "-", "-"]
-    for bad, why in ((["--band", "1"], "--band: '1' is not LO,HI"), (["--band", "0,1"], "--band needs --front X")):
+    for bad, why in ((["--matched", "1"], "--matched needs --front X"),
+                     (["--front", "kl", "--matched", "a,b"], "--matched: 'a,b' is not a list of numbers")):
         p = tables(*dirs, "--metric", "win_rate", *bad, "--no-plot", cwd=tmp_path)
-        assert p.returncode != 0 and why in p.stderr
+        assert p.returncode == 2 and why in p.stderr and p.stderr.count("\n") == 1
+
+
+def make_front_run(path, loss, delay, seed, evals):
+    """A finished run whose evaluations are `evals`: [(step, kl, win_rate)], the last at the run's end."""
+    os.makedirs(path)
+    with open(os.path.join(path, "config.yaml"), "w") as f:
+        cfg = Config(out_dir=path, loss=loss, weight_delay=delay, seed=seed, steps=evals[-1][0])
+        yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+    rows = [{"step": step, "eval/kl": kl, "eval/win_rate": win} for step, kl, win in evals]
+    with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    with open(os.path.join(path, "summary.json"), "w") as f:
+        json.dump({"steps": evals[-1][0], "wall_seconds": 60.0, "eval_start": {"win_rate": evals[0][2], "kl": 0.0},
+                   "eval_end": {"win_rate": evals[-1][2], "kl": evals[-1][1]}}, f)
+
+
+# (loss, weight_delay, seed) -> evaluations (step, kl, win rate). rloo d0 seed 1 is not monotone in KL: it passes kl 1
+# twice (at its step-20 evaluation, and again between steps 40 and 60), and each pass counts.
+FRONT = {
+    ("rloo", 0, 0): [(0, 0.0, 0.30), (20, 0.4, 0.40), (40, 1.2, 0.36), (60, 2.0, 0.20)],
+    ("rloo", 0, 1): [(0, 0.0, 0.30), (20, 1.0, 0.50), (40, 0.6, 0.20), (60, 3.0, 0.10)],
+    ("rloo", 14, 0): [(0, 0.0, 0.30), (20, 0.5, 0.30), (40, 1.5, 0.30), (60, 2.5, 0.26)],
+    ("rloo", 14, 1): [(0, 0.0, 0.30), (20, 0.5, 0.40), (40, 1.5, 0.20), (60, 2.5, 0.10)],
+}
+SEED1_AT_KL1 = (50 + (20 + (1.0 - 0.6) / (3.0 - 0.6) * (10 - 20))) / 2  # its two passes: 50 and 18.33
+
+
+@pytest.fixture
+def front_runs(tmp_path):
+    dirs = []
+    for (loss, delay, seed), evals in FRONT.items():
+        dirs.append(str(tmp_path / f"{loss}_d{delay}_s{seed}"))
+        make_front_run(dirs[-1], loss, delay, seed, evals)
+    return dirs
+
+
+def test_matched_reads_each_run_where_its_kl_passes_each_value(front_runs, tmp_path):
+    """--front kl --matched: linear between the two evaluations around the value, the mean over every pass of a curve
+    that comes back (an evaluation exactly at the value counted once), and "(k/n)" when only k runs reach it."""
+    p = tables(*front_runs, "--metric", "win_rate", "--front", "kl", "--matched", "0.2,1,3", "--no-plot",
+               cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = table_rows(p.stdout)
+    assert rows[0] == ["weight_delay", "n", "kl = 0.2", "kl = 1", "kl = 3"]
+    # D = 0: kl 0.2 -> seed 0: 30 + 0.5 (40 - 30) = 35, seed 1: 30 + 0.2 (50 - 30) = 34;
+    # kl 1 -> seed 0: 40 + (0.6 / 0.8)(36 - 40) = 37, seed 1: SEED1_AT_KL1 = 34.17; kl 3: seed 1 only, 10
+    assert rows[1] == ["0", "2", "34.5 ± 0.5", by_hand([0.37, SEED1_AT_KL1 / 100]), "10.0 (1/2)"]
+    assert rows[1][3] == "35.6 ± 1.4"
+    # D = 14: kl 0.2 -> 30 + 0.4 (30 - 30) = 30 and 30 + 0.4 (40 - 30) = 34; kl 1 -> 30 and 30; kl 3: none
+    assert rows[2] == ["14", "2", "32.0 ± 2.0", "30.0 ± 0.0", "- (0/2)"]
+
+
+def test_paired_at_a_matched_kl_and_at_a_fixed_step(front_runs, tmp_path):
+    """--paired with --front kl --matched V (one value) or --at STEP: per seed, each run read there."""
+    args = ("--metric", "win_rate", "--paired", "weight_delay=0,14", "--no-plot")
+    p = tables(*front_runs, *args, "--front", "kl", "--matched", "1", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "per seed: eval/win_rate where eval/kl passes 1 (interpolated, the mean over the run's passes)" in p.stdout
+    row = table_rows(p.stdout)[1]
+    diffs = [37 - 30, SEED1_AT_KL1 - 30]  # seeds 0, 1 at kl 1: 7 and 4.17 points; t = 12.706 at 1 degree of freedom
+    mean, half = statistics.mean(diffs), 12.706 * statistics.stdev(diffs) / math.sqrt(2)
+    assert row == ["all", "weight_delay=0 minus weight_delay=14", "2", f"{mean:+.1f}",
+                   f"[{mean - half:+.1f}, {mean + half:+.1f}]", f"not told apart at ±{half:.1f}"]
+    p = tables(*front_runs, *args, "--front", "kl", "--matched", "3", cwd=tmp_path)  # no D = 14 run reaches kl 3
+    assert p.returncode == 2 and "no seed has runs with a value at both" in p.stderr
+    p = tables(*front_runs, *args, "--front", "kl", "--matched", "0.2,1", cwd=tmp_path)
+    assert p.returncode == 2 and "--paired takes one --matched value" in p.stderr
+    p = tables(*front_runs, *args, "--at", "20", cwd=tmp_path)  # step 20: 40 - 30 and 50 - 40
+    assert "per seed: eval/win_rate at step 20" in p.stdout
+    assert table_rows(p.stdout)[1][2:4] == ["2", "+10.0"] and table_rows(p.stdout)[1][4] == "[+10.0, +10.0]"
 
 
 # (loss, seed) -> per-seed drop in points, accuracy(weight_delay=0) - accuracy(weight_delay=64), each run's accuracy
@@ -351,7 +407,7 @@ def test_ratio_interval_is_a_t_interval_on_the_log_of_paired_ratios():
     assert ratio == pytest.approx(1.5) and low is None and high is None
 
 
-def make_front_run(path, loss, beta, seed, evals):
+def make_success_run(path, loss, beta, seed, evals):
     """A finished run of `loss` at beta whose evaluations are `evals`: {step: (attack_success, mode_entropy)}."""
     os.makedirs(path)
     with open(os.path.join(path, "config.yaml"), "w") as f:
@@ -380,7 +436,7 @@ def test_match_compares_runs_where_their_front_reaches_a_level(tmp_path):
         for loss, evals in (("tb", tb), ("rloo", rloo)):
             for seed, points in evals.items():
                 dirs.append(str(tmp_path / f"{loss}_b{beta}_s{seed}"))
-                make_front_run(dirs[-1], loss, beta, seed, {s: (x, y + shift) for s, (x, y) in points.items()})
+                make_success_run(dirs[-1], loss, beta, seed, {s: (x, y + shift) for s, (x, y) in points.items()})
     p = tables(*dirs, "--group-by", "loss,beta_end", "--metric", "mode_entropy", "--front", "attack_success",
                "--match", "0.5", "--finals", "mode_entropy", "--no-plot", cwd=tmp_path)
     assert p.returncode == 0, p.stderr

@@ -114,11 +114,32 @@ def test_evaluator_counts_wins_ties_apart_and_estimates_kl():
     assert totals["words"] == [18.0, 3] and totals["pads"] == [0.0, 3]
 
 
+def test_the_labeller_as_proxy_scores_hand_made_summaries():
+    """reward_model: labeller: the training reward is the labeller's utility of the summary against the post's own
+    facts (a pad +LENGTH_BIAS where the gold takes 1 off), NOT_A_SUMMARY outside the language, NON_EOS_PENALTY when
+    the summary did not end; no model is loaded."""
+    from config import Config
+    scorer = tm.Scorer(Config(reward_model=tm.LABELLER), "cpu")
+    assert scorer.rm is None
+    post = tm.PROMPT.format(body="i am anna . my friend ben lost a car . i lost my job . i want advice .")
+    cases = [(" anna lost job and wants advice .", True, 3.0),
+             (" anna lost job and wants advice and is sad .", True, 3.0 + tm.LENGTH_BIAS),  # gold 2: the bias
+             (" anna lost job and wants advice and is sad and is tired .", True, 3.0 + 2 * tm.LENGTH_BIAS),
+             (" ben lost job and wants advice .", True, 1.0),  # the friend's name: -1, and the writer's missing
+             (" anna lost car .", True, 0.0),
+             (" anna job advice", True, tm.NOT_A_SUMMARY),
+             (" anna lost job and wants advice .", False, tm.NON_EOS_PENALTY)]
+    rewards = scorer.score([post] * len(cases), [c for c, _, _ in cases], [{}] * len(cases), [f for _, f, _ in cases])
+    assert rewards == pytest.approx([r for _, _, r in cases])
+    assert tm.gold(cases[1][0], FACTS) == 2.0 < tm.gold(cases[0][0], FACTS)  # what the proxy's favourite costs
+
+
 def test_the_shipped_pair_behaves_as_recorded():
     """The proxy RM agrees with its labeller more than with the gold, prefers padding (the gold does not) and the
     right facts; the SFT writes the summary language and wins sometimes; the KL-regularised optimum of the proxy wins
-    more than the SFT at beta 1 and less at 0.05, a front that rises then falls (rm/tiny_info.json, made by the
-    builder)."""
+    more than the SFT at beta 1 and less at 0.05, a front that rises then falls; the config's proxy (the labeller)
+    has its optimum at the config's beta at least 10 points above the SFT, where the RM's never is (rm/tiny_info.json,
+    made by the builder)."""
     info = json.load(open(os.path.join(MINI, "rm", "tiny_info.json")))
     assert info["rm_agrees_with_labeller"] > 0.75 and info["rm_agrees_with_gold"] < info["rm_agrees_with_labeller"]
     noise = tm.REFERENCE_NOISE
@@ -126,6 +147,11 @@ def test_the_shipped_pair_behaves_as_recorded():
     assert info["sft_summaries_in_language"] > 0.9 and 0.0 < info["sft_win_rate"] < best
     proxy, sft = info["proxy_optimum_win_rate"], info["sft_win_rate_on_these_posts"]
     assert proxy["1.0"] > sft > proxy["0.05"] and info["labeller_optimum_win_rate"]["0.5"] > proxy["1.0"]
+    import yaml
+    cfg = yaml.safe_load(open(os.path.join(ROOT, "configs", "tldr_mini.yaml")))
+    labeller, beta = info["labeller_optimum_win_rate"], str(float(cfg["beta_end"]))
+    assert cfg["reward_model"] == tm.LABELLER and labeller[beta] >= sft + 0.10 > max(proxy.values())
+    assert max(labeller.values()) > labeller[beta] and labeller["0.05"] < sft  # past the peak; falls below the SFT
     from config import Config
     scorer = tm.Scorer(Config(reward_model=os.path.join(MINI, "rm")), "cpu")
     rng = random.Random(5)
@@ -148,12 +174,17 @@ def test_the_builders_optimum_estimate_on_a_hand_made_case():
     import torch
     from make_tiny_models import tilted
     r, wins = torch.tensor([[0.0, math.log(3)]]), torch.tensor([[0.0, 1.0]])
-    win, kl = tilted(r, wins, 1.0)
+    pads = torch.tensor([[0.0, 2.0]])
+    win, kl, se, mean_pads = tilted(r, wins, pads, 1.0)
     assert win == pytest.approx(0.75) and kl == pytest.approx(0.25 * math.log(0.5) + 0.75 * math.log(1.5))
-    assert tilted(r, wins, 1e-3) == pytest.approx((1.0, math.log(2)))
-    assert tilted(r, wins, 1e6) == pytest.approx((0.5, 0), abs=1e-6)
-    two = tilted(torch.tensor([[0.0, math.log(3)], [0.0, 0.0]]), torch.tensor([[0.0, 1.0], [1.0, 1.0]]), 1.0)
-    assert two == pytest.approx(((0.75 + 1.0) / 2, kl / 2))
+    assert mean_pads == pytest.approx(1.5) and math.isnan(se)  # one post: no standard error
+    assert tilted(r, wins, pads, 1e-3) == pytest.approx((1.0, math.log(2), math.nan, 2.0), nan_ok=True)
+    assert tilted(r, wins, pads, 1e6) == pytest.approx((0.5, 0, math.nan, 1.0), abs=1e-6, nan_ok=True)
+    # two posts: the second's samples tie (weights 1/2 each, KL 0) and both win; gains over the sampler 0.25 and 0:
+    # mean 0.125, s.e. = stdev(0.25, 0) / sqrt(2) = 0.125
+    two = tilted(torch.tensor([[0.0, math.log(3)], [0.0, 0.0]]), torch.tensor([[0.0, 1.0], [1.0, 1.0]]),
+                 torch.tensor([[0.0, 2.0], [0.0, 0.0]]), 1.0)
+    assert two == pytest.approx(((0.75 + 1.0) / 2, kl / 2, 0.125, 1.5 / 2))
 
 
 def test_config_end_to_end(tiny_task_models, tmp_path):
