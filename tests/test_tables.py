@@ -463,3 +463,29 @@ def test_match_compares_runs_where_their_front_reaches_a_level(tmp_path):
                      (["--front", "attack_success", "--match", "x", "--finals", "mode_entropy"], "is not V[,V2...]")):
         p = tables(*dirs, "--metric", "mode_entropy", *bad, "--no-plot", cwd=tmp_path)
         assert p.returncode == 2 and why in p.stderr, p.stderr
+
+
+def test_packed_runs_give_the_same_tables_and_keep_only_evaluations(runs, tmp_path):
+    """scripts/pack_runs.py: a grid's finished runs packed (config, summary, the evaluation rows) give tables.py the
+    same table as the runs themselves; per-step rows and other files stay behind, an unfinished run is not packed."""
+    grid = tmp_path / "grid"
+    for d in runs:
+        arm, seed = os.path.basename(d).split("_")
+        os.makedirs(grid / arm, exist_ok=True)
+        os.rename(d, grid / arm / seed)
+    os.makedirs(grid / "m0.5" / "seed0" / "checkpoints")
+    make_run(str(grid / "m0.5" / "seed9"), 0.5, 9, 0.9, 0.9, 1.0, finished=False)
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "pack_runs.py"), str(grid),
+                        str(tmp_path / "packed")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert "packed 6 finished run(s)" in p.stdout and "skipped 1 unfinished" in p.stdout
+    packed = tmp_path / "packed" / "m0.5" / "seed0"
+    assert sorted(os.listdir(packed)) == ["config.yaml", "metrics.jsonl", "summary.json"]
+    with open(packed / "metrics.jsonl") as f:
+        assert [json.loads(line)["step"] for line in f] == [0, 30, STEPS]
+    assert not (tmp_path / "packed" / "m0.5" / "seed9").exists()
+    full = tables(*sorted(str(p) for p in grid.glob("*/seed[0-2]")), "--group-by", "m", "--no-plot", cwd=tmp_path)
+    small = tables(*sorted(str(p) for p in (tmp_path / "packed").glob("*/seed*")), "--group-by", "m", "--no-plot",
+                   cwd=tmp_path)
+    assert full.returncode == small.returncode == 0, full.stderr + small.stderr
+    assert table_rows(small.stdout) == table_rows(full.stdout) and len(table_rows(full.stdout)) == 3
