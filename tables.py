@@ -336,8 +336,11 @@ def plot_front(groups, path, metric, x):
 
 def value_at(run, metric, step):
     """eval/<metric> at the evaluation of `step` (None: the run's end, summary.json's eval_end); NaN if not logged.
-    A name with a slash (staleness/mean, train/kl_seq) is a logged scalar instead: its mean over the run's steps."""
+    A name with a slash (staleness/mean, train/kl_seq) is a logged scalar instead: its mean over the run's steps (a
+    packed run, scripts/pack_runs.py, carries that mean in summary.json's step_means)."""
     if "/" in metric:
+        if metric in run["summary"].get("step_means", {}):
+            return run["summary"]["step_means"][metric]
         values = [row[metric] for row in run["rows"] if isinstance(row.get(metric), (int, float))]
         return sum(values) / len(values) if values else float("nan")
     if step is None:

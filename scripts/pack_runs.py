@@ -3,10 +3,11 @@ docs/tasks.md rebuild from a fresh clone in seconds instead of hours of runs (do
 
     python scripts/pack_runs.py out/tldr_mini docs/grids/tldr_mini   # every <arm>/seed<s> with a summary.json
 
-Each packed run keeps config.yaml, summary.json and the rows of metrics.jsonl that carry an evaluation (eval/*), whole;
-checkpoints, tensorboard events, eval samples and the per-step rows are left out (about 10 KB a run instead of MBs).
-A per-step scalar (staleness/mean, train/clip_fraction) is therefore not in a packed run: tables.py --finals reads it
-from the full run only. Unfinished runs are skipped; packing again overwrites what it packed before.
+Each packed run keeps config.yaml, summary.json and, of metrics.jsonl, the rows that carry an evaluation (their step,
+time/elapsed_seconds and eval/* values); checkpoints, tensorboard events, eval samples and the per-step rows are left
+out (about 10 KB a run instead of MBs). A per-step scalar (staleness/mean, train/clip_fraction) survives as its mean
+over the run's steps, in summary.json's "step_means", which tables.py --finals reads as it would the full run's rows.
+Unfinished runs are skipped; packing again overwrites what it packed before.
 """
 import json
 import os
@@ -18,13 +19,26 @@ def pack_run(src, dst):
     """Pack one finished run from src into dst; False (nothing written) if src has no summary.json."""
     if not os.path.isfile(os.path.join(src, "summary.json")):
         return False
+    with open(os.path.join(src, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    sums = {}  # per-step scalar -> (sum, count) over the rows that log it, as tables.value_at averages them
+    for row in rows:
+        for key, value in row.items():
+            if "/" in key and not key.startswith("eval/") and isinstance(value, (int, float)):
+                total, count = sums.get(key, (0.0, 0))
+                sums[key] = (total + value, count + 1)
+    with open(os.path.join(src, "summary.json")) as f:
+        summary = json.load(f)
+    summary["step_means"] = {key: total / count for key, (total, count) in sorted(sums.items())}
     os.makedirs(dst, exist_ok=True)
-    for name in ("config.yaml", "summary.json"):
-        shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
-    with open(os.path.join(src, "metrics.jsonl")) as f, open(os.path.join(dst, "metrics.jsonl"), "w") as out:
-        for line in f:
-            if line.strip() and any(key.startswith("eval/") for key in json.loads(line)):
-                out.write(line if line.endswith("\n") else line + "\n")
+    shutil.copyfile(os.path.join(src, "config.yaml"), os.path.join(dst, "config.yaml"))
+    with open(os.path.join(dst, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    with open(os.path.join(dst, "metrics.jsonl"), "w") as out:
+        for row in rows:
+            if any(key.startswith("eval/") for key in row):
+                keep = {k: v for k, v in row.items() if k in ("step", "time/elapsed_seconds") or k.startswith("eval/")}
+                out.write(json.dumps(keep) + "\n")
     return True
 
 

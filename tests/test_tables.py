@@ -482,10 +482,20 @@ def test_packed_runs_give_the_same_tables_and_keep_only_evaluations(runs, tmp_pa
     packed = tmp_path / "packed" / "m0.5" / "seed0"
     assert sorted(os.listdir(packed)) == ["config.yaml", "metrics.jsonl", "summary.json"]
     with open(packed / "metrics.jsonl") as f:
-        assert [json.loads(line)["step"] for line in f] == [0, 30, STEPS]
+        kept = [json.loads(line) for line in f]
+    assert [row["step"] for row in kept] == [0, 30, STEPS]
+    assert {k for row in kept for k in row} == {"step", "time/elapsed_seconds", "eval/accuracy"}  # per-step keys left
     assert not (tmp_path / "packed" / "m0.5" / "seed9").exists()
     full = tables(*sorted(str(p) for p in grid.glob("*/seed[0-2]")), "--group-by", "m", "--no-plot", cwd=tmp_path)
     small = tables(*sorted(str(p) for p in (tmp_path / "packed").glob("*/seed*")), "--group-by", "m", "--no-plot",
                    cwd=tmp_path)
     assert full.returncode == small.returncode == 0, full.stderr + small.stderr
     assert table_rows(small.stdout) == table_rows(full.stdout) and len(table_rows(full.stdout)) == 3
+    # a per-step scalar: the mean over every step of the run (kept in step_means), not over the evaluation rows
+    finals = [tables(*sorted(str(p) for p in root.glob("*/seed[0-2]")), "--group-by", "m", "--finals",
+                     "accuracy,train/reward_mean", "--no-plot", cwd=tmp_path) for root in (grid, tmp_path / "packed")]
+    assert finals[0].returncode == finals[1].returncode == 0, finals[0].stderr + finals[1].stderr
+    assert table_rows(finals[1].stdout) == table_rows(finals[0].stdout)
+    m05 = table_rows(finals[0].stdout)[2]  # header, start, m = 0.5: reward_mean = 0.5 step / STEPS + 0.01 seed
+    assert m05[0:2] == ["0.5", "3"] and m05[3] == by_hand([0.5 * (STEPS + 1) / (2 * STEPS) + 0.01 * s
+                                                           for s in (0, 1, 2)], scale=1, digits=3)
