@@ -2,7 +2,8 @@
 # The red-teaming grid (docs/tasks.md, "Red-teaming with known modes"): configs/redteam_modes.yaml, 600 steps, seeds
 # 0-2, one seed at a time over every arm so a partial grid is balanced; rerunning skips finished runs (summary.json).
 # Every asynchronous arm trains on 64 samples per step at a pinned replay ratio (max_reuse: the trainer waits for fresh
-# samples), so the figures do not depend on the machine's speed.
+# samples), so every arm does the same work whatever the machine's speed; the draws still depend on timing (which
+# weights each searcher held when), so a seed does not reproduce a run exactly.
 #   bash scripts/redteam_grid.sh                  # every arm (60 runs);  ARMS="tb_b0.1 dr_grpo" SEEDS="0" for a part
 #   DRY_RUN=1 bash scripts/redteam_grid.sh        # only print the runs
 # The tables and plots: docs/tasks.md.
