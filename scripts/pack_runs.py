@@ -21,15 +21,14 @@ def pack_run(src, dst):
         return False
     with open(os.path.join(src, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    sums = {}  # per-step scalar -> (sum, count) over the rows that log it, as tables.value_at averages them
+    logged = {}  # per-step scalar -> its values over the rows that log it, averaged as tables.value_at averages them
     for row in rows:
         for key, value in row.items():
             if "/" in key and not key.startswith("eval/") and isinstance(value, (int, float)):
-                total, count = sums.get(key, (0.0, 0))
-                sums[key] = (total + value, count + 1)
+                logged.setdefault(key, []).append(value)
     with open(os.path.join(src, "summary.json")) as f:
         summary = json.load(f)
-    summary["step_means"] = {key: total / count for key, (total, count) in sorted(sums.items())}
+    summary["step_means"] = {key: sum(values) / len(values) for key, values in sorted(logged.items())}
     os.makedirs(dst, exist_ok=True)
     shutil.copyfile(os.path.join(src, "config.yaml"), os.path.join(dst, "config.yaml"))
     with open(os.path.join(dst, "summary.json"), "w") as f:
