@@ -4,7 +4,7 @@
 # Every asynchronous arm trains on 64 samples per step at a pinned replay ratio (max_reuse: the trainer waits for fresh
 # samples), so every arm does the same work whatever the machine's speed; the draws still depend on timing (which
 # weights each searcher held when), so a seed does not reproduce a run exactly.
-#   bash scripts/redteam_grid.sh                  # every arm (60 runs);  ARMS="tb_b0.1 dr_grpo" SEEDS="0" for a part
+#   bash scripts/redteam_grid.sh                  # every arm (63 runs);  ARMS="tb_b0.1 dr_grpo" SEEDS="0" for a part
 #   DRY_RUN=1 bash scripts/redteam_grid.sh        # only print the runs
 # The tables and plots: docs/tasks.md.
 set -uo pipefail
@@ -30,5 +30,9 @@ done
 ARM[buffer640_b0.2]="per_prompt_cap=10 beta_start=0.2 beta_end=0.2"
 ARM[buffer64k_b0.2]="per_prompt_cap=1000 beta_start=0.2 beta_end=0.2"
 ORDER+=" buffer640_b0.2 buffer64k_b0.2"
+# The amended positive control (docs/tasks.md, amendment of 2026-12-05): GRPO without a KL term over 1200 steps, read
+# at step 1200. Every other arm keeps a constant lr and beta, so its first 600 steps are those of a 1200-step run.
+ARM[grpo_nokl_1200]="loss=grpo beta_start=0.0001 beta_end=0.0001 steps=1200"
+ORDER+=" grpo_nokl_1200"
 source scripts/grid.sh
 run_grid configs/redteam_modes.yaml

@@ -6,6 +6,7 @@ import os
 import subprocess
 
 import pytest
+import yaml
 from conftest import ROOT
 
 
@@ -49,7 +50,7 @@ def test_redteam_grid_runs_every_objective_at_each_kl_coefficient(tmp_path):
     p = grid("redteam_grid.sh", tmp_path, DRY_RUN="1")
     assert p.returncode == 0, p.stderr
     runs = [line[3:].split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
-    assert len(runs) == 60 and not os.listdir(tmp_path)  # 20 arms x 3 seeds, nothing launched
+    assert len(runs) == 63 and not os.listdir(tmp_path)  # 21 arms x 3 seeds, nothing launched
     arms = {head.split(" ")[0]: dict(kv.split("=") for kv in overrides.split()) for head, overrides in runs}
     for beta in ("0.05", "0.1", "0.2", "1.0"):
         for loss in ("tb", "grpo", "rloo", "online_dpo"):
@@ -58,3 +59,10 @@ def test_redteam_grid_runs_every_objective_at_each_kl_coefficient(tmp_path):
             assert o.get("dpo_beta", beta) == beta  # online DPO's KL coefficient is its DPO beta
     assert arms["dr_grpo"] == {"loss": "dr_grpo"} and arms["grpo_nokl"]["beta_end"] == "0.0001"
     assert arms["buffer640_b0.2"]["per_prompt_cap"] == "10" and arms["buffer64k_b0.2"]["per_prompt_cap"] == "1000"
+    # The amended control runs 1200 steps and is read there; the compared arms' first 600 steps stand for a 1200-step
+    # run only because nothing in them is scheduled over the run's length: a constant lr and a constant beta.
+    assert arms["grpo_nokl_1200"] == {**arms["grpo_nokl"], "steps": "1200"}
+    cfg = yaml.safe_load(open(os.path.join(ROOT, "configs/redteam_modes.yaml")))
+    assert cfg["lr_schedule"] == "constant" and cfg["steps"] == 600 and cfg["beta_start"] == cfg["beta_end"]
+    assert all(o.get("beta_start", cfg["beta_start"]) == o.get("beta_end", cfg["beta_end"]) and "lr_schedule" not in o
+               for o in arms.values())
