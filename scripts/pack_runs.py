@@ -7,7 +7,8 @@ Each packed run keeps config.yaml, summary.json and, of metrics.jsonl, the rows 
 time/elapsed_seconds and eval/* values); checkpoints, tensorboard events, eval samples and the per-step rows are left
 out (about 10 KB a run instead of MBs). A per-step scalar (staleness/mean, train/clip_fraction) survives as its mean
 over the run's steps, in summary.json's "step_means", which tables.py --finals reads as it would the full run's rows.
-Unfinished runs are skipped; packing again overwrites what it packed before.
+Unfinished runs are skipped; packing again overwrites what it packed before, and a packed run packs to itself (so
+a grid finished beside copies of its packed runs packs whole).
 """
 import json
 import os
@@ -28,7 +29,8 @@ def pack_run(src, dst):
                 logged.setdefault(key, []).append(value)
     with open(os.path.join(src, "summary.json")) as f:
         summary = json.load(f)
-    summary["step_means"] = {key: sum(values) / len(values) for key, values in sorted(logged.items())}
+    if "step_means" not in summary:  # a packed run (re-packed) has lost its per-step rows: keep the means it carries
+        summary["step_means"] = {key: sum(values) / len(values) for key, values in sorted(logged.items())}
     os.makedirs(dst, exist_ok=True)
     shutil.copyfile(os.path.join(src, "config.yaml"), os.path.join(dst, "config.yaml"))
     with open(os.path.join(dst, "summary.json"), "w") as f:

@@ -499,3 +499,9 @@ def test_packed_runs_give_the_same_tables_and_keep_only_evaluations(runs, tmp_pa
     m05 = table_rows(finals[0].stdout)[2]  # header, start, m = 0.5: reward_mean = 0.5 step / STEPS + 0.01 seed
     assert m05[0:2] == ["0.5", "3"] and m05[3] == by_hand([0.5 * (STEPS + 1) / (2 * STEPS) + 0.01 * s
                                                            for s in (0, 1, 2)], scale=1, digits=3)
+    # packing a packed run (a grid finished beside copies of its packed runs) gives the same run back
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "pack_runs.py"), str(tmp_path / "packed"),
+                        str(tmp_path / "repacked")], capture_output=True, text=True)
+    assert p.returncode == 0 and "packed 6 finished run(s)" in p.stdout, p.stderr
+    for name in ("summary.json", "metrics.jsonl", "config.yaml"):
+        assert (tmp_path / "repacked" / "m0.5" / "seed0" / name).read_text() == (packed / name).read_text()
