@@ -12,7 +12,7 @@ import torch
 import checkpoint
 import sync
 import trainer_group
-from losses import NEEDS_LOGP, beta_at, get_loss, masked, share_values
+from losses import NEEDS_LOGP, get_loss, masked, share_values
 from policy import ModelError, decoder_layers, encode_prompt, load_model, token_batches, trim_at_eos
 from trainer_group import Command
 
@@ -30,6 +30,19 @@ def lr_at(u, lr, schedule, warmup, stable, decay, total_steps):
         return lr
     progress = min(1.0, (u - warmup - stable) / decay)
     return lr * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def beta_at(u, beta_start, beta_end, decay_steps, cut_step=0):
+    """KL coefficient at update u (the reference code's `kl_anneal`, bbartoldson/TBA): linear from beta_start towards
+    beta_end over D = decay_steps, and beta_end from cut_step on (cut_step 0 means D). GSM8K: 0.014 -> 0.004,
+    D = 500; TL;DR: 1.0 -> 0.05, D = 128, cut at 32 (the paper's rule: jump to the final value at 1/8 of training)."""
+    if decay_steps <= 0:
+        return beta_start
+    stop = cut_step or decay_steps
+    if u >= stop:
+        return beta_end
+    frac = (u - 1) / decay_steps
+    return beta_start * (1 - frac) + beta_end * frac
 
 
 class Update(NamedTuple):

@@ -9,7 +9,7 @@ Every loss has the same signature, `fn(batch, cfg) -> (loss, metrics)`, on one m
     batch["logp_ref"]      (N, L) per-token log-probs under the reference policy pi_ref
     batch["reward"]        (N,)   reward of each response
     batch["group"]         (N,)   prompt id of each response: group by this, never by the layout of the batch
-    batch["beta"]          float  the KL coefficient at this step (beta_at below)
+    batch["beta"]          float  the KL coefficient at this step (learner.beta_at)
     batch["batch_tokens"]  int    response tokens in the whole optimizer batch, all micro-batches together
                                   (Learner.train); absent: this micro-batch's own count
     batch["batch_samples"] int    samples in the whole optimizer batch; absent: N
@@ -410,19 +410,3 @@ def get_loss(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.loss
-
-
-# ------------------------------------------------------- the beta schedule: a pure function of the 1-based step u
-
-
-def beta_at(u, beta_start, beta_end, decay_steps, cut_step=0):
-    """KL coefficient at update u (the reference code's `kl_anneal`, bbartoldson/TBA): linear from beta_start towards
-    beta_end over D = decay_steps, and beta_end from cut_step on (cut_step 0 means D). GSM8K: 0.014 -> 0.004,
-    D = 500; TL;DR: 1.0 -> 0.05, D = 128, cut at 32 (the paper's rule: jump to the final value at 1/8 of training)."""
-    if decay_steps <= 0:
-        return beta_start
-    stop = cut_step or decay_steps
-    if u >= stop:
-        return beta_end
-    frac = (u - 1) / decay_steps
-    return beta_start * (1 - frac) + beta_end * frac

@@ -4,8 +4,8 @@ import math
 import pytest
 import torch
 
-from learner import lr_at
-from losses import beta_at, tb_loss, vargrad_log_z
+from learner import beta_at, lr_at
+from losses import tb_loss, vargrad_log_z
 
 
 def test_tb_loss_value_by_hand():
