@@ -145,7 +145,7 @@ class Config:
                                "trainer keeps the last D + 1 versions in host memory: D + 1 copies of the weights), "
                                "so every sample is at least D updates stale while everything else stays as it is: "
                                "emulates a large cluster's lag (staleness studies). The first D steps send the start "
-                               "weights", ge=0)
+                               "weights; an evaluation is of the trainer's current weights, sent for it", ge=0)
     weight_transport: str = key("auto", "how weights reach the searchers (auto: nccl with a GPU per rank, ipc on a "
                                         "shared GPU, gloo on CPU)", choices=("auto", "gloo", "nccl", "ipc"))
     bucket_mb: int = key(256, "weights travel in flat buckets of at most this many MiB (a larger tensor is a bucket "

@@ -382,8 +382,9 @@ def run(cfg, comm, ctx):
                              stats["reward_timeouts"], place)
         handed = now
         stats.update(new_stats())
-        stats["load_s"] = sync.searcher_round(comm, transport, flags, report, engine, ref_model, prompts[0],
-                                              searcher.evaluate_share)  # evaluate_share adds this round's eval_s
+        stats["load_s"] = sync.searcher_round(  # evaluate_share adds this round's eval_s
+            comm, transport, flags, report, engine, ref_model, prompts[0], searcher.evaluate_share,
+            lambda current: strategy.new_weights(step if current else max(step - cfg.weight_delay, 0)))
         budget = limit
         if flags & sync.Flag.STOP:
             break

@@ -13,7 +13,9 @@ searchers' side are written here next to each other, with the same numbered step
                    searchers' reference model becomes these weights too (TBA', paper section 6). They are the
                    weights after trainer step `step`, or with weight_delay = D after step - D
   4. probe         (PROBE) each searcher's greedy completion of the first training prompt -> rank 0 (check_sync)
-  5. evaluation    (EVAL) each searcher's share of the test set -> rank 0 (eval.evaluate)
+  5. evaluation    (EVAL) each searcher's share of the test set -> rank 0 (eval.evaluate). With CURRENT (weight_delay
+                   = D, whose step 3 sends weights D steps old) the trainer's current weights are pushed first, so
+                   the evaluation is of the policy the run has trained, and the round's weights again after it
 After a round with STOP the searchers leave. The trainer's side is split in two (gather: 0-1, push: 3-5) so that
 synchronous mode can train between them. A collective of the round that fails, on either side, raises
 failures.Stop(where="sync round") with the error: the job must stop, and rank 0's diagnosis names the rank behind it.
@@ -37,6 +39,7 @@ class Flag(enum.IntFlag):
     STOP = 4  # the searchers leave after this round
     REF = 8  # 3: the searchers' pi_ref becomes the pushed weights (TBA')
     PROBE = 16  # 4: greedy probe of every searcher's engine (check_sync)
+    CURRENT = 32  # 5: evaluate the trainer's current weights, not the older ones of step 3 (weight_delay)
 
 
 class ShardPlace(NamedTuple):
@@ -85,6 +88,8 @@ def flags_for(cfg, step, ref_version, weights=True, evaluate=False, stop=False):
         flags |= Flag.WEIGHTS | (Flag.PROBE if cfg.check_sync else Flag.NONE)
         if cfg.ref_reset_every and step - ref_version >= cfg.ref_reset_every:
             flags |= Flag.REF
+        if evaluate and cfg.weight_delay and step > 0:  # step 3 sends the weights of step - D, the trainer has step's
+            flags |= Flag.CURRENT
     return flags | (Flag.EVAL if evaluate else Flag.NONE) | (Flag.STOP if stop else Flag.NONE)
 
 
@@ -113,14 +118,20 @@ def trainer_gather(comm, step, flags, announced=False):
     return Gathered(reports, time.perf_counter() - t0)
 
 
-def trainer_push(comm, transport, flags, source=None):
+def trainer_push(comm, transport, flags, source=None, current=None):
     """3-5. Push the weights (the model's current ones, or `source`: weight_delay); gather the probes and the
-    evaluation results the flags ask for."""
+    evaluation results the flags ask for. With CURRENT the evaluation is of `current` (None: the model's own weights),
+    pushed before it, and `source` is pushed again after it (the searchers send their results after that)."""
     t0 = time.perf_counter()
     push_s = _collective(transport.push, source) if flags & Flag.WEIGHTS else 0.0  # 3
     probes = _collective(comm.gather_object, None)[1:] if flags & Flag.PROBE else None  # 4
     t_eval = time.perf_counter()
-    evals = _collective(comm.gather_object, None)[1:] if flags & Flag.EVAL else None  # 5
+    evals = None
+    if flags & Flag.EVAL:  # 5
+        if flags & Flag.CURRENT:  # the searchers evaluate between the two pushes
+            _collective(transport.push, current)
+            _collective(transport.push, source)
+        evals = _collective(comm.gather_object, None)[1:]
     t_end = time.perf_counter()
     return Pushed(push_s, probes, evals, t_end - t0, t_end - t_eval)
 
@@ -146,24 +157,40 @@ def first_arrival(named, at):
         yield name, tensor
 
 
-def searcher_round(comm, transport, flags, report, engine, ref_model, probe_prompt, evaluate):
+def pull_into(transport, engine, ref_model=None):
+    """Receive pushed weights into the engine (and `ref_model` on the way, when given). Returns the seconds from the
+    first tensor's arrival to the engine loaded."""
+    named, release = _collective(transport.pull)
+    at = []  # the first tensor's arrival: the clock starts there, not while the trainer still trains
+    named = first_arrival(named, at)
+    if ref_model is not None:  # the reference takes each tensor on its way to the engine
+        named = through(named, ref_model)
+    _collective(engine.load_weights, named)  # the buckets arrive (gloo / nccl) while the engine loads
+    _collective(release)  # ipc: the trainer's buffers are free once every engine copied them
+    return time.perf_counter() - at[0] if at else 0.0
+
+
+def searcher_round(comm, transport, flags, report, engine, ref_model, probe_prompt, evaluate, relabel=None):
     """1-5 for one announced round: send `report`, take the new weights into the engine (and the reference model
-    with REF), answer the probe, evaluate (`evaluate()` returns this searcher's (rows, totals)). Returns the seconds
-    step 3 took here from the first tensor's arrival (receiving and loading the weights, not waiting for the
-    trainer to send them: in synchronous mode that wait is its train step; 0 without WEIGHTS)."""
+    with REF), answer the probe, evaluate (`evaluate()` returns this searcher's (rows, totals); with CURRENT on the
+    trainer's weights, `relabel(True)` before they load and `relabel(False)` before the round's load again, so that
+    tokens an in-flight engine generates meanwhile carry the right version). Returns the seconds step 3 took here
+    from the first tensor's arrival (receiving and loading the weights, not waiting for the trainer to send them:
+    in synchronous mode that wait is its train step; 0 without WEIGHTS)."""
     _collective(comm.gather_object, report)  # 1
     loaded = 0.0
     if flags & Flag.WEIGHTS:  # 3
-        named, release = _collective(transport.pull)
-        at = []  # the first tensor's arrival: the clock starts there, not while the trainer still trains
-        named = first_arrival(named, at)
-        if flags & Flag.REF:  # the reference takes each tensor on its way to the engine
-            named = through(named, ref_model)
-        _collective(engine.load_weights, named)  # the buckets arrive (gloo / nccl) while the engine loads
-        _collective(release)  # ipc: the trainer's buffers are free once every engine copied them
-        loaded = time.perf_counter() - at[0] if at else 0.0
+        loaded = pull_into(transport, engine, ref_model if flags & Flag.REF else None)
     if flags & Flag.PROBE:  # 4
         _collective(comm.gather_object, engine.generate([probe_prompt], 1, 0.0, PROBE_TOKENS)[0][0][0])
     if flags & Flag.EVAL:  # 5
-        _collective(comm.gather_object, evaluate())
+        relabel = relabel or (lambda current: None)
+        if flags & Flag.CURRENT:
+            relabel(True)
+            pull_into(transport, engine)
+        result = evaluate()
+        if flags & Flag.CURRENT:
+            relabel(False)
+            pull_into(transport, engine)
+        _collective(comm.gather_object, result)
     return loaded

@@ -167,7 +167,9 @@ def push(run, step, flags):
     source = old
     if source is None and flags & Flag.WEIGHTS:  # fsdp: assembled from the shards during the push
         source = state.group.gather_params()  # None with one trainer or ddp: the model's own weights
-    pushed = sync.trainer_push(run.comm, transport, flags, source)
+    # CURRENT (weight_delay): the evaluation is of the trainer's weights (one trainer or ddp: the model's own)
+    current = state.group.gather_params() if flags & Flag.CURRENT else None
+    pushed = sync.trainer_push(run.comm, transport, flags, source, current)
     state.timers.sync_s += pushed.seconds
     state.timers.eval_s += pushed.eval_s
     state.timers.rounds += 1

