@@ -430,6 +430,10 @@ def validate(cfg):
     if cfg.lora_rank and cfg.n_trainers > 1 and cfg.trainer_parallel == "fsdp":
         raise ConfigError("lora_rank with n_trainers > 1 needs trainer_parallel=ddp: only the adapters train, so "
                           "there are few states to shard (ddp replicates the frozen base)")
+    if cfg.inflight and cfg.weight_delay:  # sync.py step 5: the running requests would step on the current weights
+        raise ConfigError("inflight=true with weight_delay: an evaluation of the trainer's current weights would step "
+                          "the running search requests on them, so samples meant to be D updates stale would carry "
+                          "fresh tokens; use inflight=false for a staleness study")
     if cfg.n_trainers > 1 and cfg.trainer_parallel == "fsdp" and cfg.weight_delay:
         raise ConfigError("weight_delay keeps whole weight versions on rank 0: with n_trainers > 1 it needs "
                           "trainer_parallel=ddp")

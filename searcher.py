@@ -104,12 +104,10 @@ class Searcher:
 
     def evaluate_share(self):
         """Step 5 of a round: this searcher's share of the test set, as (rows with their test ids, totals)."""
-        t0 = time.perf_counter()
         rows, totals = evaluate(self.engine, self.tok, self.task, [record for _, record in self.test],
                                 self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens,
                                 task_hook(self.task, "make_evaluator", self.cfg, self.device),
                                 self.cfg.reward_timeout_s)
-        self.stats["eval_s"] += time.perf_counter() - t0
         return [{"id": i, **r} for (i, _), r in zip(self.test, rows)], totals
 
 
@@ -382,7 +380,7 @@ def run(cfg, comm, ctx):
                              stats["reward_timeouts"], place)
         handed = now
         stats.update(new_stats())
-        stats["load_s"] = sync.searcher_round(  # evaluate_share adds this round's eval_s
+        stats["load_s"], stats["eval_s"] = sync.searcher_round(  # eval_s: left out of the next report's window
             comm, transport, flags, report, engine, ref_model, prompts[0], searcher.evaluate_share,
             lambda current: strategy.new_weights(step if current else max(step - cfg.weight_delay, 0)))
         budget = limit

@@ -174,16 +174,18 @@ def searcher_round(comm, transport, flags, report, engine, ref_model, probe_prom
     """1-5 for one announced round: send `report`, take the new weights into the engine (and the reference model
     with REF), answer the probe, evaluate (`evaluate()` returns this searcher's (rows, totals); with CURRENT on the
     trainer's weights, `relabel(True)` before they load and `relabel(False)` before the round's load again, so that
-    tokens an in-flight engine generates meanwhile carry the right version). Returns the seconds step 3 took here
-    from the first tensor's arrival (receiving and loading the weights, not waiting for the trainer to send them:
-    in synchronous mode that wait is its train step; 0 without WEIGHTS)."""
+    tokens an in-flight engine generates meanwhile carry the right version). Returns (loaded, evaluated): the
+    seconds step 3 took here from the first tensor's arrival (receiving and loading the weights, not waiting for the
+    trainer to send them: in synchronous mode that wait is its train step; 0 without WEIGHTS), and the seconds of
+    step 5, CURRENT's two loads included (0 without EVAL)."""
     _collective(comm.gather_object, report)  # 1
-    loaded = 0.0
+    loaded = evaluated = 0.0
     if flags & Flag.WEIGHTS:  # 3
         loaded = pull_into(transport, engine, ref_model if flags & Flag.REF else None)
     if flags & Flag.PROBE:  # 4
         _collective(comm.gather_object, engine.generate([probe_prompt], 1, 0.0, PROBE_TOKENS)[0][0][0])
     if flags & Flag.EVAL:  # 5
+        t0 = time.perf_counter()
         relabel = relabel or (lambda current: None)
         if flags & Flag.CURRENT:
             relabel(True)
@@ -192,5 +194,6 @@ def searcher_round(comm, transport, flags, report, engine, ref_model, probe_prom
         if flags & Flag.CURRENT:
             relabel(False)
             pull_into(transport, engine)
+        evaluated = time.perf_counter() - t0
         _collective(comm.gather_object, result)
-    return loaded
+    return loaded, evaluated

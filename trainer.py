@@ -162,7 +162,9 @@ def push(run, step, flags):
     merged and written to eval_stepN.jsonl. Returns the round's metrics from step 3 on."""
     cfg, transport, state = run.cfg, run.transport, run.state
     version, old = state.delay.weights_for(step)
-    if flags & Flag.WEIGHTS and old is None and not finite(state.model):
+    # the model's weights go out with every push (weight_delay: in CURRENT; the delayed version was the model's once,
+    # and weights that turned non-finite stay so, so a check at every round catches them before they are sent)
+    if flags & (Flag.WEIGHTS | Flag.CURRENT) and not finite(state.model):
         raise Stop(f"the weights after step {step} are not finite: not pushed", retry=False)
     source = old
     if source is None and flags & Flag.WEIGHTS:  # fsdp: assembled from the shards during the push

@@ -2,6 +2,7 @@
 docs/tasks.md rebuild from a fresh clone in seconds instead of hours of runs (docs/grids/ holds the grids' runs).
 
     python scripts/pack_runs.py out/tldr_mini docs/grids/tldr_mini   # every <arm>/seed<s> with a summary.json
+    python scripts/pack_runs.py --run out/stale2/tb_d0/seed0 docs/grids/staleness_test/tb_d0/seed0   # one run
 
 Each packed run keeps config.yaml, summary.json and, of metrics.jsonl, the rows that carry an evaluation (their step,
 time/elapsed_seconds and eval/* values); checkpoints, tensorboard events, eval samples and the per-step rows are left
@@ -44,6 +45,11 @@ def pack_run(src, dst):
 
 
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--run":  # one run, as scripts/grid.sh packs each when it finishes
+        if not pack_run(*sys.argv[2:]):
+            sys.exit(f"error: {sys.argv[2]} has not finished (no summary.json): not packed")
+        print(f"packed {sys.argv[2]} into {sys.argv[3]}")
+        return
     if len(sys.argv) != 3:
         sys.exit("usage: python scripts/pack_runs.py GRID_OUT DEST   (GRID_OUT holds <arm>/seed<s> run dirs)")
     src, dst = sys.argv[1:]

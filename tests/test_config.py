@@ -36,6 +36,7 @@ def test_overrides_and_types():
     (["micro_tokens=100", "loss=m2po"], "micro_tokens needs a loss that takes its group statistics"),
     (["micro_tokens=100", "n_trainers=2"], "micro_tokens with n_trainers > 1"),
     (["engine=tgi"], "'engine' must be one of"),
+    (["inflight=true", "weight_delay=4"], "inflight=true with weight_delay: an evaluation of the trainer's current"),
     (["nonsense"], "expected key=value"),
     (["max_bad_steps=0"], "'max_bad_steps' must be >= 1"),
     (["searcher_nice=20"], "'searcher_nice' must be in [0, 19], got 20"),

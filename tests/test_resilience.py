@@ -209,6 +209,11 @@ def test_weights_that_are_not_finite_are_never_saved_nor_pushed(tiny_model, tmp_
     assert not e.value.retry and not os.path.exists(tmp_path / "checkpoints")
     with pytest.raises(Stop, match="not finite: not pushed"):
         trainer.push(run, 7, sync.Flag.WEIGHTS)
+    # weight_delay: step 7's round sends the finite weights of step 4, but the model's own go out to evaluate (CURRENT)
+    state.delay = types.SimpleNamespace(weights_for=lambda step: (step - 3, {"kept": torch.zeros(1)}))
+    for flags in (sync.Flag.WEIGHTS, sync.Flag.WEIGHTS | sync.Flag.EVAL | sync.Flag.CURRENT):
+        with pytest.raises(Stop, match="not finite: not pushed"):
+            trainer.push(run, 7, flags)
 
 
 def test_checkpoints_by_the_clock(tiny_model, tmp_path):

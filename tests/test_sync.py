@@ -102,11 +102,23 @@ class SlowSender(Recorder):
 def test_the_weight_load_is_timed_from_the_first_tensor_not_from_the_round():
     """search/load_seconds: receiving and loading (2 x 0.05 s here), not the wait for the trainer (0.3 s)."""
     searcher = SlowSender(1)
-    loaded = sync.searcher_round(searcher, searcher, Flag.WEIGHTS, "report", searcher, RefModel(), [1],
-                                 lambda: ([], {}))
-    assert 0.09 <= loaded < 0.25
+    loaded, evaluated = sync.searcher_round(searcher, searcher, Flag.WEIGHTS, "report", searcher, RefModel(), [1],
+                                            lambda: ([], {}))
+    assert 0.09 <= loaded < 0.25 and evaluated == 0.0
     assert sync.searcher_round(searcher, searcher, Flag.EVAL, "report", searcher, RefModel(), [1],
-                               lambda: ([], {})) == 0.0
+                               lambda: ([], {}))[0] == 0.0
+
+
+def test_an_evaluation_of_the_current_weights_counts_both_its_loads_as_evaluation():
+    """weight_delay's CURRENT round loads the trainer's weights, evaluates, and loads the round's back: all three are
+    step 5, which the searcher leaves out of its search window (search/idle_ratio), not idle time."""
+    searcher = SlowSender(1)
+    evaluate = lambda: time.sleep(0.1) or ([], {})  # noqa: E731
+    loaded, evaluated = sync.searcher_round(searcher, searcher, Flag.EVAL | Flag.CURRENT, "report", searcher,
+                                            RefModel(), [1], evaluate)
+    assert loaded == 0.0 and evaluated >= 2 * 0.4 + 0.1  # two loads of 0.3 s + 2 x 0.05 s, and the evaluation
+    assert 0.1 <= sync.searcher_round(searcher, searcher, Flag.EVAL, "report", searcher, RefModel(), [1],
+                                      evaluate)[1] < 0.3
 
 
 def test_a_failed_collective_stops_the_job_on_either_side():
