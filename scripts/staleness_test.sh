@@ -27,11 +27,11 @@ arms() {  # arms LR D... : every objective of the test at each delay
 }
 case "${1:-}" in
   pilot) arms 1e-5 0 64 128; ORDER="tb_d0 grpo_d0 tb_d64 grpo_d64 tb_d128 grpo_d128"; SEEDS=${SEEDS:-"0 1"}
-         OUT=out/stale2/pilot; PACKED=docs/grids/staleness_pilot ;;
+         OUT=${OUT:-out/stale2/pilot}; PACKED=${PACKED:-docs/grids/staleness_pilot} ;;
   test) arms 1e-5 0 "$D"; ORDER="tb_d0 tb_d$D dr_grpo_d0 dr_grpo_d$D grpo_d0 grpo_d$D rloo_d0 rloo_d$D tba_prime_d0 tba_prime_d$D"
-        SEEDS=${SEEDS:-"0 1 2 3 4 5 6 7"}; OUT=out/stale2/test; PACKED=docs/grids/staleness_test ;;
+        SEEDS=${SEEDS:-"0 1 2 3 4 5 6 7"}; OUT=${OUT:-out/stale2/test}; PACKED=${PACKED:-docs/grids/staleness_test} ;;
   lr3e-5) arms 3e-5 0 "$D"; ORDER="tb_d0 tb_d$D dr_grpo_d0 dr_grpo_d$D grpo_d0 grpo_d$D rloo_d0 rloo_d$D tba_prime_d0 tba_prime_d$D"
-          SEEDS=${SEEDS:-"0 1 2 3"}; OUT=out/stale2/lr3e-5; PACKED=docs/grids/staleness_lr3e-5 ;;
+          SEEDS=${SEEDS:-"0 1 2 3"}; OUT=${OUT:-out/stale2/lr3e-5}; PACKED=${PACKED:-docs/grids/staleness_lr3e-5} ;;
   *) echo "usage: bash scripts/staleness_test.sh pilot|test|lr3e-5 (the pilot first: it decides D)" >&2; exit 2 ;;
 esac
 source scripts/grid.sh
