@@ -70,9 +70,9 @@ INPUTS = {
                                     "the default, gives 2 x chunk_prompts x S = 144 here); range: 128 to 512"),
     "c": (0.1, 0.0, 0.4, "assumed: staleness's cost, the asynchronous arms need (1 + c) x the steps; range: 0, the "
                          "paper's off-policy TBA matching on-policy baselines at ~15 updates of lag (Table 1, TL;DR) "
-                         "and its asynchronous GSM8K result, to 0.4, above this repository's staleness map on its "
-                         "tiny task (docs/staleness.md: TB lost 1.0 and TBA' 2.6 points of a 7-8 point gain at 16 "
-                         "more updates of lag, 0.15-0.3 of the run read as steps on a linear climb)"),
+                         "and its asynchronous GSM8K result, to 0.4, a guess with no measurement behind it yet "
+                         "(the tiny-task readings it came from were taken on lagged weights and are withdrawn; the "
+                         "registered staleness test in docs/staleness.md is to re-derive it)"),
     "batch_exp": (1.0, 0.5, 1.0, "assumed: steps to accuracy scale as (7 / B)^batch_exp; 1 is equal total samples, "
                                  "the best case for a larger batch (below the critical batch size, McCandlish et al. "
                                  "2018, arXiv 1812.06162); range: 0.5, returns diminishing past it (the paper's GSM8K "
