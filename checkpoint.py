@@ -47,13 +47,25 @@ FORMAT = 2  # of the files below; 2: peft's adapter folder, the buffer's recent 
 
 def contract(cfg):
     """What meta.json records for a resume to match (find_resume): the format, weight_delay (the kept weight versions
-    are its own), lora_rank (adapters on the base model, or whole weights), the data the buffer was filled from, and
-    with n_trainers > 1 the layout of the per-rank optimizer files."""
+    are its own), lora_rank (adapters on the base model, or whole weights) and with it lora_alpha (the adapters' scale:
+    another would rescale the update they learned), the data the buffer was filled from, and with n_trainers > 1 the
+    layout of the per-rank optimizer files."""
     written = {"format": FORMAT, "weight_delay": cfg.weight_delay, "lora_rank": cfg.lora_rank,
                "buffer_keys": {k: getattr(cfg, k) for k in BUFFER_KEYS}}
+    if cfg.lora_rank:
+        written["lora_alpha"] = cfg.lora_alpha or cfg.lora_rank  # 0 means lora_rank
     if cfg.n_trainers > 1:
         written.update(n_trainers=cfg.n_trainers, trainer_parallel=cfg.trainer_parallel)
     return written
+
+
+def adapter_alpha(path):
+    """The lora_alpha in a checkpoint's adapter/adapter_config.json (peft's), None when it has none."""
+    try:
+        with open(os.path.join(path, ADAPTERS, "adapter_config.json")) as f:
+            return json.load(f).get("lora_alpha")
+    except (OSError, ValueError):
+        return None
 
 
 def layout(found):
@@ -81,10 +93,12 @@ def find_resume(cfg):
                           f"with model={path} if you like")
     if found["step"] >= cfg.steps:
         raise ConfigError(f"resume: {path} is at step {found['step']} and steps={cfg.steps}; raise steps to continue")
-    for key in ("weight_delay", "lora_rank"):
-        if found[key] != wanted[key]:
-            raise ConfigError(f"resume: {path} was written with {key}={found[key]}; resume with that, not "
-                              f"{key}={wanted[key]}")
+    if wanted["lora_rank"] and "lora_alpha" not in found:  # written before meta.json recorded it: the adapters' own
+        found["lora_alpha"] = adapter_alpha(path)
+    for key in ("weight_delay", "lora_rank", "lora_alpha"):
+        if found.get(key) != wanted.get(key):
+            raise ConfigError(f"resume: {path} was written with {key}={found.get(key)}; resume with that, not "
+                              f"{key}={wanted.get(key)}")
     for key, value in found["buffer_keys"].items():  # its buffer: prompt ids and samples of that data
         if getattr(cfg, key) != value:
             raise ConfigError(f"resume: {path} was written with {key}={value}, and its replay buffer holds that run's "

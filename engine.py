@@ -137,10 +137,10 @@ class VLLMEngine:
         # tokens after the update attend to keys and values computed under the old weights; recomputing them, with
         # reset_prefix_cache(reset_running_requests=True), would cost a prefill of every running sequence). The
         # reset_prefix_cache() of load_weights only resets while no request runs (vllm/v1/core/sched/scheduler.py,
-        # Scheduler.reset_prefix_cache), which in flight never happens, so each in-flight request carries the
-        # version of the loaded weights as its cache_salt (add): vLLM mixes the salt into the hash of a prompt's
-        # first block (vllm/v1/core/kv_cache_utils.py), so the S requests of a visit share their prompt's prefill
-        # and no request reuses a prefix cached under older weights.
+        # Scheduler.reset_prefix_cache), which in flight never happens, so every request (add, generate) carries
+        # the version of the loaded weights as its cache_salt (salted): vLLM mixes the salt into the hash of a
+        # prompt's first block (vllm/v1/core/kv_cache_utils.py), so the S requests of a visit share their prompt's
+        # prefill and no request, in flight or after it, reuses a prefix cached under older weights.
         self.llm = LLM(model=cfg.model, dtype=cfg.dtype, seed=seed, enforce_eager=device == "cpu",
                        max_model_len=max_model_len, logprobs_mode="processed_logprobs", use_tqdm_on_load=False,
                        enable_prefix_caching=True, **kw)
@@ -169,13 +169,17 @@ class VLLMEngine:
                               logprobs=None if greedy else 0, stop_token_ids=[self.eos_id], detokenize=False,
                               output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.CUMULATIVE)
 
-    def generate(self, prompts, n, temperature, max_new_tokens):
+    def salted(self, prompt):
+        """`prompt` as vLLM's input, salted with the loaded weights' version (see __init__)."""
         from vllm.inputs import TokensPrompt
+        return TokensPrompt(prompt_token_ids=list(prompt), cache_salt=f"weights-{self.version}")
+
+    def generate(self, prompts, n, temperature, max_new_tokens):
         if self.flight:  # LLM.generate would run the in-flight requests to their end and return them as its own
             return self.generate_in_flight(prompts, n, temperature, max_new_tokens)
         greedy = temperature == 0
         params = self.params(n, temperature, max_new_tokens)
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate([self.salted(p) for p in prompts], params, use_tqdm=False)
         result = []
         for o in outs:
             pairs = []
@@ -196,16 +200,18 @@ class VLLMEngine:
         # the iterator itself: the in-process executor hands it to the worker (no serialisation), which loads each
         # tensor as the transport yields it
         self.llm.collective_rpc("reload_weights", kwargs=dict(weights_iterator=iter(named), is_checkpoint_format=True))
-        self.llm.reset_prefix_cache()  # in-flight, with requests running: refused (returns False), and not needed
+        # with requests running (in flight) vLLM refuses (False), and the salt keeps them apart; with none running a
+        # refusal would leave KV of the old weights under the same salt (chunked search never relabels the version)
+        if not self.llm.reset_prefix_cache() and not self.flight:
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight load with no request running")
 
     # ------------------------------------------------------------ in-flight: the engine driven one step at a time
     # (vllm/v1/engine/llm_engine.py: LLMEngine.add_request, step; DELTA outputs carry each step's new tokens only)
 
     def add(self, key, prompt, n, temperature, max_new_tokens):
         """Start n one-sample requests for `prompt`; each comes back in self.finished with `key`."""
-        from vllm.inputs import TokensPrompt
         params = self.params(1, temperature, max_new_tokens, delta=True)
-        salted = TokensPrompt(prompt_token_ids=list(prompt), cache_salt=f"weights-{self.version}")  # see __init__
+        salted = self.salted(prompt)
         for _ in range(n):
             rid = str(next(self.ids))
             self.llm.llm_engine.add_request(rid, salted, params)

@@ -77,9 +77,10 @@ def restart_count():
 
 def attempt(cfg, rank):
     """The config of this attempt of the job. The first runs as configured. A restart resumes from the newest
-    complete checkpoint in out_dir, or exits at once with the code of a stop marked final. With no checkpoint yet it
-    starts over as the first attempt did, but never with overwrite, which would delete the failed attempt's log
-    (train.claim_out_dir clears that attempt's other files)."""
+    complete checkpoint in out_dir, exits at once with the code of a stop marked final, or with 0 when that
+    checkpoint is at `steps` (training finished; a rank failed after the save, e.g. in its teardown). With no
+    checkpoint yet it starts over as the first attempt did (resume=auto finds nothing to resume), but never with
+    overwrite, which would delete the failed attempt's log (train.claim_out_dir clears that attempt's other files)."""
     n, path = restart_count(), os.path.join(cfg.out_dir, FINAL)
     if not n:
         return cfg
@@ -89,11 +90,16 @@ def attempt(cfg, rank):
             say(f"{line.strip()} (restart {n}: not retried)")
         sys.exit(int(code))
     found = checkpoint.latest(os.path.join(cfg.out_dir, "checkpoints"))
+    if found and checkpoint.step_of(found) >= cfg.steps:
+        if rank == 0:
+            say(f"restart {n} of {cfg.max_restarts}: {found} is at step {cfg.steps}: training finished, nothing to do")
+        sys.exit(0)
     if rank == 0:
         say(f"restart {n} of {cfg.max_restarts}: " + ("resuming from the newest complete checkpoint" if found else
                                                       "no complete checkpoint yet: starting over as the first "
                                                       "attempt did"))
-    return dataclasses.replace(cfg, resume="auto" if found else cfg.resume, overwrite=False)
+    resume = "auto" if found else ("" if cfg.resume == "auto" else cfg.resume)  # "": claim_out_dir clears
+    return dataclasses.replace(cfg, resume=resume, overwrite=False)
 
 
 # ---------------------------------------------------------------- signals
@@ -227,6 +233,12 @@ class RewardWindow:
     def __init__(self, max_errors):
         self.max_errors = max_errors
         self.rounds = collections.deque()  # (rewards, failed) per round, oldest first
+
+    def state_dict(self):  # checkpoints: a resumed run judges the rounds it had seen before
+        return list(self.rounds)
+
+    def load_state_dict(self, rounds):
+        self.rounds = collections.deque(rounds)
 
     def add(self, n, failed):
         if n:

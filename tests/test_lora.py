@@ -147,6 +147,29 @@ def test_a_checkpoint_holds_peft_adapters_beside_the_merged_policy_and_resume_re
         *[os.path.getsize(f.name), os.path.getsize(f.name) - 4])
 
 
+def test_a_resume_with_another_lora_alpha_is_refused_in_one_line(tiny_model, tmp_path):
+    """The saved adapters learned B A for the scale alpha / r they were trained with; a resume with another
+    lora_alpha would rescale that update (peft takes the resumed run's config), so it is refused in one line naming
+    the key, also for a checkpoint whose meta.json predates the key (its adapter_config.json says)."""
+    cfg, learner = trained(tiny_model, lora_alpha=8.0)
+    path = tmp_path / "run" / "checkpoints" / "step_2"
+    state = dict(meta=checkpoint.contract(cfg), step=2, places={}, ref_weights=None)
+    checkpoint.save(str(path), learner.model, load_tokenizer(tiny_model), state)
+    base = dict(out_dir=str(tmp_path / "run"), resume="auto", steps=4)
+    assert checkpoint.find_resume(dataclasses.replace(cfg, **base)) == str(path)
+    meta = json.loads((path / "meta.json").read_text())
+    for older in (False, True):
+        if older:  # meta.json as written before lora_alpha was recorded
+            del meta["lora_alpha"]
+            (path / "meta.json").write_text(json.dumps(meta))
+        for alpha, written in [(16.0, "8.0"), (0.0, "8.0")]:  # 0: alpha = lora_rank = 4
+            with pytest.raises(ConfigError, match=f"written with lora_alpha={written}; resume with that, not "
+                                                  f"lora_alpha={alpha or 4}") as e:
+                checkpoint.find_resume(dataclasses.replace(cfg, lora_alpha=alpha, **base))
+            assert "\n" not in str(e.value)
+    assert checkpoint.find_resume(dataclasses.replace(cfg, **base)) == str(path)
+
+
 def test_resume_refuses_adapters_of_the_old_format_in_one_line(tmp_path):
     """A checkpoint of the format before peft (adapters.pth, no format in meta.json): resume says so in one line before
     any process starts."""

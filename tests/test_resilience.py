@@ -329,6 +329,61 @@ def test_a_restart_with_no_checkpoint_clears_its_failed_attempt_and_keeps_its_lo
     assert sorted(os.listdir(out)) == ["checkpoints", "metrics.jsonl", "metrics.lost.1.jsonl", "notes.txt"]
 
 
+def test_a_restart_with_resume_auto_and_no_checkpoint_clears_its_failed_attempt_too(tmp_path, monkeypatch):
+    """resume=auto that finds no checkpoint in a restart starts over like resume="": the failed attempt's tb
+    events, probes and evaluations go (else the curves come out doubled), its log stays (metrics.lost.K.jsonl)."""
+    out = tmp_path / "run"
+    (out / "tb").mkdir(parents=True)
+    (out / "tb" / "events.out.tfevents.1").write_text("x")
+    for name in ("metrics.jsonl", "sync_probe.jsonl", "eval_step0.jsonl", "config.yaml"):
+        (out / name).write_text('{"step": 0}\n')
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    cfg = failures.attempt(Config(out_dir=str(out), max_restarts=1, resume="auto"), 0)
+    train.claim_out_dir(cfg, clear=True)
+    assert sorted(os.listdir(out)) == ["metrics.jsonl"]
+
+
+def test_a_restart_after_the_final_checkpoint_ends_with_0(tmp_path, monkeypatch, capsys):
+    """A rank that fails after final/ is saved (a searcher dying in its teardown) under max_restarts: the restart
+    finds training finished and every rank exits with 0 at once, not with the error of a resume past `steps`."""
+    out = tmp_path / "run"
+    cfg = Config(out_dir=str(out), steps=5, max_restarts=1)
+    (out / "checkpoints" / "final").mkdir(parents=True)
+    (out / "checkpoints" / "final" / "meta.json").write_text(
+        json.dumps({"step": 5, **checkpoint.contract(cfg), "files": {}}))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    for rank in (0, 1):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setattr(sys, "argv", ["train.py", os.path.join(ROOT, "configs", "tiny.yaml"), f"out_dir={out}",
+                                          "steps=5", "max_restarts=1"])
+        with pytest.raises(SystemExit) as e:
+            train.main()
+        assert e.value.code == 0
+    err = capsys.readouterr().err
+    assert err.count("training finished") == 1 and "error" not in err, err
+
+
+def test_a_resume_keeps_the_reward_window(tiny_model, tmp_path):
+    """max_reward_errors judges the latest rounds, and a checkpoint keeps them: a run whose rewards were failing
+    stops on the same verdict after a resume as it would have without one."""
+    cfg = Config(model=tiny_model, max_reward_errors=0.5)
+    model = load_model(tiny_model, "float32", "cpu")
+    learner = types.SimpleNamespace(model=model, opt=torch.optim.SGD(model.parameters(), lr=0.1),
+                                    group=types.SimpleNamespace(size=1))
+    state = trainer.TrainerState(cfg, learner)
+    for failed in (64, 64, 0, 64):
+        state.rewards.add(64, failed)
+    assert state.rewards.verdict() is not None
+    torch.save(state.state_dict(), tmp_path / "trainer_state.pth")
+    resumed = trainer.TrainerState(cfg, learner)
+    resumed.load_state_dict(torch.load(tmp_path / "trainer_state.pth", weights_only=False))
+    assert resumed.rewards.verdict() == state.rewards.verdict()
+    resumed.rewards.add(64, 0)  # and it goes on judging the same window
+    state.rewards.add(64, 0)
+    assert list(resumed.rewards.rounds) == list(state.rewards.rounds)
+
+
 def test_a_searcher_that_raises_is_named_with_its_error(tiny_model, tmp_path):
     """Every searcher fails at its first generation (the task's scorer cannot be built): the trainer's line names
     them with their own error, not a failed round, whether or not their processes are gone yet."""
