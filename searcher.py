@@ -103,11 +103,12 @@ class Searcher:
         return samples
 
     def evaluate_share(self):
-        """Step 5 of a round: this searcher's share of the test set, as (rows with their test ids, totals)."""
+        """Step 5 of a round: this searcher's share of the test set, as (rows with their test ids, totals); with
+        eval_samples = N also N samples per problem at the run's temperature (pass@k: eval.sampled_eval)."""
         rows, totals = evaluate(self.engine, self.tok, self.task, [record for _, record in self.test],
                                 self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens,
                                 task_hook(self.task, "make_evaluator", self.cfg, self.device),
-                                self.cfg.reward_timeout_s)
+                                self.cfg.reward_timeout_s, self.cfg.eval_samples, self.cfg.temperature)
         return [{"id": i, **r} for (i, _), r in zip(self.test, rows)], totals
 
 

@@ -17,6 +17,7 @@ PROMPT = gsm8k.PROMPT
 DEFAULT_TRAIN = "procedural:train:20000"
 DEFAULT_TEST = "procedural:test:500"
 reward = gsm8k.reward
+extract_answer = gsm8k.extract_answer
 
 SEEDS = {"train": 1, "dev": 2, "test": 3}  # one fixed generator seed per split
 NAMES = ["Tom", "Anna", "Sam", "Mia", "Ben", "Lily", "Max", "Emma", "Leo", "Zoe"]
