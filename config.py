@@ -11,6 +11,7 @@ Names follow the paper: K, S, m, k, beta.
 """
 import dataclasses
 import difflib
+import importlib.util
 import logging
 import math
 import os
@@ -226,6 +227,11 @@ class Config:
     eval_max_new_tokens: int = key(0, "response cap at evaluation (0 = max_new_tokens)", ge=0)
     eval_temperature: float = key(0.0, "sampling temperature of the task evaluators that generate (tldr: paper "
                                        "0.01); 0 = greedy. Accuracy is always greedy", ge=0)
+    eval_samples: int = key(0, "N: each evaluation also samples N completions per test problem at `temperature` "
+                               "with the evaluated weights and logs eval/pass@k for k = 1, 2, 4, ..., N (unbiased "
+                               "estimator, Chen et al. 2021 eq. 1), eval/distinct_correct (distinct correct "
+                               "completions per problem) and, for tasks that extract an answer (arith, gsm8k), "
+                               "eval/distinct_answers; the counts go into eval_stepN.jsonl. 0 = off", ge=0)
     save_every: int = key(0, "resumable checkpoint every N steps: out_dir/checkpoints/step_N (also at the end, on "
                              "SIGTERM and on a failed rank; 0 = only then)", ge=0)
     save_minutes: float = key(30.0, "also a resumable checkpoint once this many minutes have passed since the last "
@@ -238,7 +244,10 @@ class Config:
                           "(fresh if none) | a checkpoint dir")
     overwrite: bool = key(False, "start fresh in an out_dir that holds another run's results, deleting them first "
                                  "(without it such a run is refused; resume=auto continues it instead)")
-    progress: bool = key(True, "tqdm progress bar on rank 0")
+    progress: bool = key(True, "rank 0's progress: a tqdm bar on a terminal; a plain line every 5% of the steps when "
+                               "stderr is a file (a redirected log, Slurm, nohup)")
+    trackers: str = key("tensorboard", "where the scalars go besides metrics.jsonl, comma-separated: tensorboard, "
+                                       "wandb, trackio (optional installs: docs/results.md); \"\" = metrics.jsonl only")
     peak_tflops: float = key(0.0, "the accelerator's peak dense bf16 throughput, TFLOP/s, for the logged MFU "
                                   "(perf/mfu); 0 = do not log MFU. Set it to your GPU's peak (the value the GPU check "
                                   "used: docs/performance.md)", ge=0)
@@ -248,6 +257,8 @@ class Config:
 
 # YAML / command-line spellings that are not Python identifiers.
 ALIASES = {"async": "asynchronous"}
+# trackers= names -> the pinned pip install of each optional one (runlog.py starts them)
+TRACKERS = {"tensorboard": None, "wandb": "wandb==0.31.0", "trackio": "trackio==0.43.0"}
 YAML_NAMES = {name: alias for alias, name in ALIASES.items()}
 TYPES = {"int": int, "float": float, "str": str, "bool": bool}  # field types, should annotations ever be strings
 USAGE = """\
@@ -398,6 +409,11 @@ def validate(cfg):
         if not in_range(value, f.metadata):
             rule = "in " + accepted if accepted[0] in "[(" else accepted  # "in [0, 1]", or ">= 0"
             raise ConfigError(f"'{name}' must be {rule}, got {value!r}")
+    for name in tracker_names(cfg.trackers):
+        if name not in TRACKERS:
+            raise ConfigError(f"'trackers' takes a comma-separated list of {', '.join(TRACKERS)}, got {name!r}")
+        if TRACKERS[name] and importlib.util.find_spec(name) is None:
+            raise ConfigError(f"trackers={name}: {name} is not installed: pip install {TRACKERS[name]}")
     if cfg.overwrite and cfg.resume:
         raise ConfigError(f"overwrite=true deletes what resume={cfg.resume} would continue from: choose one")
     import losses  # here, not at the top: it imports torch, which --help and --reference do not need
@@ -437,6 +453,11 @@ def validate(cfg):
     if cfg.n_trainers > 1 and cfg.trainer_parallel == "fsdp" and cfg.weight_delay:
         raise ConfigError("weight_delay keeps whole weight versions on rank 0: with n_trainers > 1 it needs "
                           "trainer_parallel=ddp")
+
+
+def tracker_names(trackers):
+    """trackers= as a list: "tensorboard,wandb" -> ["tensorboard", "wandb"]; "" -> []."""
+    return [name.strip() for name in trackers.split(",") if name.strip()]
 
 
 def config_to_dict(cfg):

@@ -1,18 +1,26 @@
-"""What a run leaves in out_dir besides checkpoints: metrics.jsonl and tensorboard events (one row per trainer step,
-the same names in both), the wall-clock and CPU timers, and summary.json at the end."""
+"""What a run leaves in out_dir besides checkpoints: metrics.jsonl and the trackers (trackers=: tensorboard events,
+Weights & Biases, trackio; one row per trainer step, the same names in all), rank 0's progress lines, the wall-clock
+and CPU timers, and summary.json at the end."""
 import json
 import os
+import secrets
 import sys
 import time
 
+from tqdm import tqdm
+
+from config import ConfigError, tracker_names
+
+PROJECT = "tba"  # the wandb / trackio project of every run (wandb: WANDB_PROJECT overrides it)
+
 
 class Logger:
-    """metrics.jsonl (one object per trainer step) + tensorboard scalars under the same names. Resuming from step N
-    keeps the rows and events up to N and appends after them (a row torn by a crash is dropped). A run that starts
-    at step 0 where a log exists (resume=auto found no checkpoint) keeps that log as metrics.lost.K.jsonl."""
+    """metrics.jsonl (one object per trainer step) + every scalar of it, under the same names, to each of `trackers`
+    (config key trackers=; `config`: the resolved config they record). Resuming from step N keeps the rows and events
+    up to N and appends after them (a row torn by a crash is dropped). A run that starts at step 0 where a log exists
+    (resume=auto found no checkpoint) keeps that log as metrics.lost.K.jsonl."""
 
-    def __init__(self, out_dir, resume_step=0):
-        from torch.utils.tensorboard import SummaryWriter
+    def __init__(self, out_dir, resume_step=0, trackers="tensorboard", config=None):
         path = os.path.join(out_dir, "metrics.jsonl")
         if resume_step and os.path.isfile(path):  # drop rows logged after the checkpoint (they will be redone)
             with open(path) as f:
@@ -26,21 +34,132 @@ class Logger:
             os.replace(path, lost)
             print(f"warning: no checkpoint to resume from: starting at step 0; the earlier log is kept as {lost}",
                   file=sys.stderr, flush=True)
-        self.tb = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=resume_step + 1 if resume_step else None)
+        start = {"tensorboard": Tensorboard, "wandb": Wandb, "trackio": Trackio}
+        self.trackers = [start[name](out_dir, resume_step, config or {}) for name in tracker_names(trackers)]
         self.file = open(path, "a" if resume_step else "w")
         self.last_step = resume_step  # the last step with a row
 
     def log(self, step, row):
-        for k, v in row.items():
-            if isinstance(v, (int, float)) and k != "step":
-                self.tb.add_scalar(k, v, step)
+        scalars = {k: v for k, v in row.items() if isinstance(v, (int, float)) and k != "step"}
+        for tracker in self.trackers:
+            tracker.log(step, scalars)
         self.file.write(json.dumps({"step": step, **row}) + "\n")
         self.file.flush()
         self.last_step = step
 
     def close(self):
-        self.tb.close()
+        for tracker in self.trackers:
+            tracker.close()
         self.file.close()
+
+
+def check_login(trackers):
+    """--prepare: trackers=wandb online (WANDB_MODE not offline / disabled) needs an API key, or the trainer would stop
+    at its start: ConfigError now, before any process starts."""
+    if "wandb" not in tracker_names(trackers) or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return
+    import wandb
+    try:
+        logged_in = wandb.login(verify=False, prompt=False)
+    except wandb.errors.AuthenticationError as e:
+        raise ConfigError(f"trackers=wandb: {e}") from None
+    if not logged_in:
+        raise ConfigError("trackers=wandb: no Weights & Biases API key: run `wandb login` (or set WANDB_API_KEY), or "
+                          "WANDB_MODE=offline to log into out_dir/wandb without an account")
+
+
+class Tensorboard:
+    """out_dir/tb: a resume drops the events logged after its step (purge_step), as metrics.jsonl drops the rows."""
+
+    def __init__(self, out_dir, resume_step, config):
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(os.path.join(out_dir, "tb"), purge_step=resume_step + 1 if resume_step else None)
+
+    def log(self, step, scalars):
+        for k, v in scalars.items():
+            self.writer.add_scalar(k, v, step)
+
+    def close(self):
+        self.writer.close()
+
+
+class Wandb:
+    """Weights & Biases: a run named after out_dir with the resolved config, its files in out_dir/wandb. WANDB_MODE=
+    offline logs without an account (`wandb sync` uploads it later). A resume continues the same run (its id is kept
+    in out_dir/wandb/run_id); rows are plotted against `step`, so the steps redone after a checkpoint are kept rather
+    than refused for going back in wandb's own step count."""
+
+    def __init__(self, out_dir, resume_step, config):
+        import wandb
+        id_file = os.path.join(out_dir, "wandb", "run_id")
+        if resume_step and os.path.isfile(id_file):
+            with open(id_file) as f:
+                run_id = f.read().strip()
+        else:
+            run_id = secrets.token_hex(4)
+            os.makedirs(os.path.dirname(id_file), exist_ok=True)
+            with open(id_file, "w") as f:
+                f.write(run_id)
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=os.path.normpath(out_dir),
+                              config=config, dir=out_dir, id=run_id, resume="allow")
+        self.run.define_metric("step")
+        self.run.define_metric("*", step_metric="step")
+
+    def log(self, step, scalars):
+        self.run.log({"step": step, **scalars})
+
+    def close(self):
+        self.run.finish()
+
+
+class Trackio:
+    """trackio, local: project tba in its database under TRACKIO_DIR (default ~/.cache/huggingface/trackio; `trackio
+    show` opens the dashboard), a run named after out_dir with the resolved config. A resume continues the newest run
+    of that name."""
+
+    def __init__(self, out_dir, resume_step, config):
+        import trackio
+        self.trackio = trackio
+        trackio.init(project=PROJECT, name=os.path.normpath(out_dir), config=config,
+                     resume="allow" if resume_step else "never", embed=False)
+
+    def log(self, step, scalars):
+        self.trackio.log(scalars, step=step)
+
+    def close(self):
+        self.trackio.finish()
+
+
+class Progress:
+    """Rank 0's progress over steps start + 1 .. total (`enabled`: config key progress). On a terminal a tqdm bar;
+    when stderr is not one (a redirected log, a Slurm job, nohup) a plain line every 5% of the steps and at the last,
+    since a bar's carriage-return frames pile up there into one unreadable line."""
+
+    def __init__(self, start, total, enabled, stream=None):
+        self.stream = stream or sys.stderr
+        tty = self.stream.isatty()
+        self.bar = tqdm(initial=start, total=total, desc="train", dynamic_ncols=True, file=self.stream,
+                        disable=not (enabled and tty))
+        self.lines = enabled and not tty
+        self.total, self.every = total, max(1, total // 20)
+        self.since = start, time.perf_counter()  # the step and time of the last line
+
+    def update(self, step, row, last_eval, last):
+        """After `step`: its metrics row and the latest evaluation (trainer state's last_eval); `last`: the run ends."""
+        loss, reward = f"{row['train/loss']:.3g}", f"{row['train/reward_mean']:.2f}"
+        if not self.bar.disable:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=loss, reward=reward, acc=f"{last_eval.get('accuracy', float('nan')):.3f}")
+        elif self.lines and (step % self.every == 0 or last):
+            (before, t0), now = self.since, time.perf_counter()
+            name = next((k for k in ("accuracy", *last_eval) if k in last_eval and k not in ("step", "n")), None)
+            score = f"{name} {last_eval[name]:.3f} (eval at step {last_eval['step']})" if name else "no evaluation yet"
+            print(f"step {step}/{self.total} ({100 * step / self.total:.0f}%): {score}, reward {reward}, loss {loss}, "
+                  f"{(step - before) / (now - t0):.2f} steps/s", file=self.stream, flush=True)
+            self.since = step, now
+
+    def close(self):
+        self.bar.close()
 
 
 def joined(*rows):
@@ -119,4 +238,9 @@ def say_done(cfg, state):
     print(f"done: {state.step} steps in {state.timers.elapsed():.0f}s; eval " + ", ".join(
         f"{k} {state.eval_start.get(k, float('nan')):.3f} -> {state.last_eval[k]:.3f}" for k in metrics)
         + f"; out_dir {cfg.out_dir}", flush=True)
-    print(f"look: python tables.py {cfg.out_dir}  |  tensorboard --logdir {cfg.out_dir}/tb", flush=True)
+    look, trackers = [f"python tables.py {cfg.out_dir}"], tracker_names(cfg.trackers)
+    if "tensorboard" in trackers:
+        look.append(f"tensorboard --logdir {cfg.out_dir}/tb")
+    if "trackio" in trackers:  # wandb says where its run is itself
+        look.append(f"trackio show --project {PROJECT}")
+    print("look: " + "  |  ".join(look), flush=True)

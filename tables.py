@@ -43,7 +43,8 @@ import yaml
 from config import Config
 
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
-IGNORE = ("seed", "out_dir", "resume", "overwrite", "progress")  # never a reason to group runs apart
+# never a reason to group runs apart
+IGNORE = ("seed", "out_dir", "resume", "overwrite", "progress", "trackers")
 ALIASES = {"async": "asynchronous"}  # command-line spelling -> config.yaml key
 PERCENT = ("accuracy", "win_rate", "tie_rate", "attack_success_rate", "attack_success")  # fractions, shown in percent
 LOWER_IS_BETTER = ("perplexity", "mode_tv", "kl")
@@ -600,8 +601,8 @@ def match_levels(args):
     return levels
 
 
-def main():
-    args = parse_args()
+def check_args(args):
+    """--at as a step and --matched as numbers (with the --front they need), or one line of error."""
     if args.at is not None:
         if not args.at.isdigit():
             fail(f"--at: '{args.at}' is not a step")
@@ -613,33 +614,44 @@ def main():
             fail(f"--matched: '{args.matched}' is not a list of numbers V1,V2,...")
         if not args.front:
             fail("--matched needs --front X (the metric whose values it matches)")
-    levels = match_levels(args)
-    runs = load_finished(args.runs, args.metric)
-    keys, groups = group_runs(runs, args.group_by)
-    names = [{"asynchronous": "async"}.get(k, k) for k in keys]
-    pct = args.metric in PERCENT
+
+
+def units(metric):
+    """(scale, digits, what) of a metric's tables: rates in percent with one decimal, others as logged with three."""
+    pct = metric in PERCENT
     scale, digits = (100.0, 1) if pct else (1.0, 3)
-    what = ("acc" if args.metric == "accuracy" else args.metric) + (" %" if pct else "")
-    if args.paired:
-        pair = parse_pair(args.paired, "--paired", 2)
-        if pair[0] not in keys:
-            fail(f"--paired: '{pair[0]}' does not differ between these runs (they differ in: "
-                 f"{', '.join(names) or 'nothing'})")
-        contrast = parse_pair(args.contrast, "--contrast", 1) if args.contrast else None
-        value, what = paired_reader(args, levels)
-        table = paired_table(runs, keys, value, pair, contrast, scale, what, digits)
-        if not args.no_plot:
-            plot_paired(table, args.plot, what)
-        return
-    if args.against:
-        against = ALIASES.get(args.against, args.against)
-        if against not in keys:
-            fail(f"--against: '{args.against}' does not differ between these runs (they differ in: "
-                 f"{', '.join(names) or 'nothing'})")
-        lines = against_table(groups, keys, against, names, scale, digits, what)
-        if not args.no_plot:
-            plot_against(lines, args.against, args.plot, what)
-        return
+    return scale, digits, ("acc" if metric == "accuracy" else metric) + (" %" if pct else "")
+
+
+def show_paired(args, runs, keys, names, levels):
+    """--paired KEY=A,B (and --contrast): the paired differences per seed, their 95% intervals, and their plot."""
+    scale, digits, _ = units(args.metric)
+    pair = parse_pair(args.paired, "--paired", 2)
+    if pair[0] not in keys:
+        fail(f"--paired: '{pair[0]}' does not differ between these runs (they differ in: "
+             f"{', '.join(names) or 'nothing'})")
+    contrast = parse_pair(args.contrast, "--contrast", 1) if args.contrast else None
+    value, what = paired_reader(args, levels)
+    table = paired_table(runs, keys, value, pair, contrast, scale, what, digits)
+    if not args.no_plot:
+        plot_paired(table, args.plot, what)
+
+
+def show_against(args, groups, keys, names):
+    """--against KEY: final and best against a numeric key, a line per group of the other keys, and their plot."""
+    scale, digits, what = units(args.metric)
+    against = ALIASES.get(args.against, args.against)
+    if against not in keys:
+        fail(f"--against: '{args.against}' does not differ between these runs (they differ in: "
+             f"{', '.join(names) or 'nothing'})")
+    lines = against_table(groups, keys, against, names, scale, digits, what)
+    if not args.no_plot:
+        plot_against(lines, args.against, args.plot, what)
+
+
+def show_groups(args, groups, keys, names, levels):
+    """A table per group of runs: at --matched levels, at --match levels (--finals), the --finals, or the main table
+    (and --csv); the curves' plot, or with --front the metric against eval/X."""
     labels = {", ".join(f"{n}={v}" for n, v in zip(names, values)) or "all": members
               for values, members in groups.items()}
     if args.front and not args.no_plot:
@@ -652,14 +664,27 @@ def main():
         return
     if args.finals:
         finals_table(groups, names, [m.strip() for m in args.finals.split(",") if m.strip()], args.at)
-        if not args.no_plot and not args.front:
-            plot(labels, args.plot, args.metric)
-        return
-    records = group_table(groups, keys, names, args.metric, scale, digits, what)
-    if args.csv:
-        write_csv(records, args.csv)
+    else:
+        records = group_table(groups, keys, names, args.metric, *units(args.metric))
+        if args.csv:
+            write_csv(records, args.csv)
     if not args.no_plot and not args.front:
         plot(labels, args.plot, args.metric)
+
+
+def main():
+    args = parse_args()
+    check_args(args)
+    levels = match_levels(args)
+    runs = load_finished(args.runs, args.metric)
+    keys, groups = group_runs(runs, args.group_by)
+    names = [{"asynchronous": "async"}.get(k, k) for k in keys]
+    if args.paired:
+        show_paired(args, runs, keys, names, levels)
+    elif args.against:
+        show_against(args, groups, keys, names)
+    else:
+        show_groups(args, groups, keys, names, levels)
 
 
 if __name__ == "__main__":

@@ -71,9 +71,11 @@ import torch  # noqa: E402  (after CUDA_VISIBLE_DEVICES and OMP_WAIT_POLICY are 
 
 import checkpoint  # noqa: E402
 import failures  # noqa: E402
+import runlog  # noqa: E402
 from engine import engine_name, position_limit  # noqa: E402
+from eval import check_samples  # noqa: E402
 from policy import ModelError, check_shipped, fit_new_tokens, load_tokenizer, longest_prompt  # noqa: E402
-from rewards import DataError, get_task  # noqa: E402
+from rewards import DataError, get_task, load_split  # noqa: E402
 
 
 def gpu_mode(device, local_world):
@@ -104,10 +106,8 @@ class Context:
                               cfg.n_trainers)
         self.resume = checkpoint.find_resume(cfg)
         self.task = get_task(cfg.task)
-        self.train = self.task.load(cfg.train_data or self.task.DEFAULT_TRAIN, "train")
-        self.test = self.task.load(cfg.test_data or self.task.DEFAULT_TEST, "test")
-        self.train = self.train[: cfg.n_train] if cfg.n_train else self.train
-        self.test = self.test[: cfg.n_test] if cfg.n_test else self.test
+        check_samples(cfg.eval_samples, self.task, cfg.task)
+        self.train, self.test = load_split(self.task, cfg, "train"), load_split(self.task, cfg, "test")
         self.tok = load_tokenizer(cfg.model)
         if self.device == "cuda":
             torch.cuda.set_device(0)  # pin_gpu made this rank's GPU the only visible one
@@ -151,6 +151,7 @@ def prepare(cfg):
             raise ModelError(f"{key} path not found: {path}")
     for key in ("model", "reward_model", "judge_model", "victim_model", "train_data", "test_data"):
         check_shipped(getattr(cfg, key))  # the shipped tiny models and data: the bytes assets/SHA256SUMS lists
+    runlog.check_login(cfg.trackers)
     local_world = int(os.environ.get("NPROC_PER_NODE") or cfg.n_trainers + cfg.n_searchers)
     ctx = Context(cfg, local_world, one_node=int(os.environ.get("NNODES", 1)) == 1)
     longest = longest_prompt(ctx.tok, [r["prompt"] for r in ctx.train + ctx.test])

@@ -15,7 +15,6 @@ import time
 
 import torch
 import yaml
-from tqdm import tqdm
 
 import checkpoint
 import failures
@@ -79,7 +78,8 @@ class TrainerState:
                     torch_rng=torch.get_rng_state(), places=self.places, ref_version=self.ref_version,
                     ref_weights=self.ref_weights, eval_start=self.eval_start, last_eval=self.last_eval,
                     skipped=self.skipped, bad_in_a_row=self.bad_in_a_row, generated=self.generated,
-                    trained=self.trained, versions=self.delay.versions, timers=self.timers.state_dict())
+                    trained=self.trained, versions=self.delay.versions, timers=self.timers.state_dict(),
+                    rewards=self.rewards.state_dict())
 
     def load_state_dict(self, state):
         if state["optimizer"] is not None:
@@ -88,6 +88,7 @@ class TrainerState:
         torch.set_rng_state(state["torch_rng"])
         self.timers.load_state_dict(state["timers"])
         self.delay.versions = state["versions"]
+        self.rewards.load_state_dict(state.get("rewards", []))  # none in checkpoints written before it was saved
         for key in ("step", "places", "ref_version", "ref_weights", "eval_start", "last_eval", "skipped",
                     "bad_in_a_row", "generated", "trained"):
             setattr(self, key, state[key])
@@ -292,8 +293,8 @@ def run(cfg, comm, ctx):
     run = begin(cfg, comm, ctx)
     state = run.state
     start = state.step
-    log = runlog.Logger(cfg.out_dir, start)
-    row = {}  # the metrics of the step being run
+    log = runlog.Logger(cfg.out_dir, start, cfg.trackers, config_to_dict(cfg))
+    row, progress = {}, None  # the metrics of the step being run; rank 0's progress bar or lines (runlog.Progress)
     try:
         # start: the checkpoint's weights to the searchers (they wait for them), or the start-of-run evaluation
         flags = sync.flags_for(cfg, start, state.ref_version) if ctx.resume else Flag.EVAL
@@ -306,13 +307,11 @@ def run(cfg, comm, ctx):
         while cfg.asynchronous and len(state.buffer) < cfg.initial_buffer:  # rounds that only gather
             gather(run, start, Flag.NONE)
         saved_at = time.monotonic()  # save_minutes counts from here
-        pbar = tqdm(range(start + 1, cfg.steps + 1), initial=start, total=cfg.steps, disable=not cfg.progress,
-                    desc="train", dynamic_ncols=True)
-        for step in pbar:
+        progress = runlog.Progress(start, cfg.steps, cfg.progress)
+        for step in range(start + 1, cfg.steps + 1):
             row, last = one_step(run, step)
             log.log(step, row)
-            pbar.set_postfix(loss=f"{row['train/loss']:.3g}", reward=f"{row['train/reward_mean']:.2f}",
-                             acc=f"{state.last_eval.get('accuracy', float('nan')):.3f}")
+            progress.update(step, row, state.last_eval, last)
             stop = failures.stop_reason(cfg, state, run.signalled, row)
             if stop:
                 raise stop
@@ -323,8 +322,11 @@ def run(cfg, comm, ctx):
             if last:
                 break
     except Exception as e:  # a Stop, or a bug, a bad sample, an OOM, a full disk (failures.as_stop)
+        if progress:
+            progress.close()  # the bar's line ends before the line that says why
         stop = failures.as_stop(e, cfg.out_dir, state.step + 1)
         end_stopped(run, log, stop, start, row)
+    progress.close()
     run.transport.close()
     save(run, "final")
     state.group.close()

@@ -4,7 +4,9 @@
     load(source, split) -> list[dict]     records with "prompt" (the full formatted prompt) and "answer"
     reward(completion, answer) -> float   the scalar reward of one completion
 
-and optionally `correct(completion, answer) -> bool` (default: reward >= 1), which evaluation reports as accuracy.
+and optionally `correct(completion, answer) -> bool` (default: reward >= 1), which evaluation reports as accuracy,
+and `extract_answer(completion) -> hashable or None` (the final answer a completion gives), which eval_samples counts
+as eval/distinct_answers.
 Adding a task is adding a file here; nothing else changes. A task file elsewhere works too: task=path/to/mytask.py.
 
 Model-based tasks (tldr.py, redteam.py) need the prompt, batches and models loaded once; two optional hooks give them
@@ -51,6 +53,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 from math import isfinite  # not `import math`: rewards.math is the MATH task's module
 
 
@@ -160,6 +163,9 @@ _task_files = {}  # a task file's module, executed once per process (as `import`
 
 
 def get_task(name):
+    """The task module of task=`name` (rewards/<name>.py, or a .py file), imported once per process. A task that does
+    not import (a syntax error, an exception, a missing package) or lacks load / reward is a DataError naming the file
+    and line."""
     if name.endswith(".py"):
         if not os.path.isfile(name):
             raise DataError(f"task file not found: {name}")
@@ -167,15 +173,69 @@ def get_task(name):
         if path not in _task_files:
             spec = importlib.util.spec_from_file_location(os.path.basename(name)[:-3], name)
             module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-            _task_files[path] = module
+            try:
+                spec.loader.exec_module(module)
+            except Exception as e:
+                raise task_error(path, e, "importing it") from None
+            _task_files[path] = check_task(module, name)
         return _task_files[path]
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     try:
-        return importlib.import_module(f"rewards.{name}")
-    except ModuleNotFoundError as e:
-        if e.name == f"rewards.{name}":
+        module = importlib.import_module(f"rewards.{name}")
+    except Exception as e:
+        if isinstance(e, ModuleNotFoundError) and e.name == f"rewards.{name}":
             raise DataError(f"unknown task '{name}': no rewards/{name}.py") from None
+        raise task_error(path, e, "importing it") from None
+    return check_task(module, f"rewards/{name}.py")
+
+
+def task_error(path, error, doing):
+    """A DataError for an exception raised by a task's code while `doing` something, naming the task file's line: the
+    syntax error's, or the innermost line of that file the exception passed through."""
+    if isinstance(error, SyntaxError) and error.filename and os.path.abspath(error.filename) == path:
+        return DataError(f"{path}:{error.lineno}: syntax error ({error.msg})")
+    frames = [f for f in traceback.extract_tb(error.__traceback__) if os.path.abspath(f.filename) == path]
+    where = f"{path}:{frames[-1].lineno}" if frames else path
+    return DataError(f"{where}: {doing} raised {type(error).__name__}: {error}")
+
+
+def check_task(task, where):
+    """The contract's functions (this module's docstring) are there: load, and reward or make_scorer."""
+    if not callable(getattr(task, "load", None)):
+        raise DataError(f"{where}: a task needs load(source, split) (the contract: rewards/__init__.py)")
+    if not callable(getattr(task, "reward", None)) and not hasattr(task, "make_scorer"):
+        raise DataError(f"{where}: a task needs reward(completion, answer) or make_scorer (rewards/__init__.py)")
+    return task
+
+
+def load_split(task, cfg, split):
+    """The records of `split` ("train" | "test") a run uses: task.load of train_data / test_data (or the task's
+    DEFAULT_TRAIN / DEFAULT_TEST), the first n_train / n_test of them, held to the contract before any process starts:
+    each a dict with a text "prompt" and an "answer"; a train prompt for every searcher (each walks its own shard of
+    them), a test problem at least. Anything else, or a load that raises, is a DataError naming the row or line."""
+    source = getattr(cfg, f"{split}_data") or getattr(task, f"DEFAULT_{split.upper()}", None)
+    if not source:
+        raise DataError(f"task {cfg.task}: no {split}_data given and the task has no DEFAULT_{split.upper()}")
+    call = f"load({source!r}, {split!r})"
+    try:
+        records = list(task.load(source, split))
+    except DataError:
         raise
+    except Exception as e:
+        raise task_error(os.path.abspath(task.__file__), e, call) from None
+    n = getattr(cfg, f"n_{split}")  # 0: all of them
+    records = records[:n] if n else records
+    where = f"task {cfg.task}: {call}"
+    for i, row in enumerate(records):
+        if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or "answer" not in row:
+            got = f"keys {', '.join(map(repr, row))}" if isinstance(row, dict) else f"a {type(row).__name__}"
+            raise DataError(f"{where}[{i}] needs a text 'prompt' and an 'answer' (rewards/__init__.py), got {got}")
+    if split == "train" and len(records) < cfg.n_searchers:
+        raise DataError(f"{where}: {len(records)} record(s) for n_searchers={cfg.n_searchers}: each searcher walks its "
+                        "own shard of the train prompts, so every one needs a prompt at least")
+    if not records:
+        raise DataError(f"{where}: no records")
+    return records
 
 
 def packaged(relpath):

@@ -219,6 +219,19 @@ def test_a_run_from_before_a_key_existed_groups_with_runs_at_its_default(runs, t
     assert rows[0][:2] == ["m", "n"] and [r[:2] for r in rows[1:]] == [["0.5", "3"], ["0.95", "3"]]
 
 
+def test_where_a_run_logged_is_no_reason_to_group_it_apart(runs, tmp_path):
+    # trackers= and progress= change where the metrics go, not the run: seeds logged to wandb group with the others
+    for path, change in ((runs[0], {"trackers": "tensorboard,wandb"}), (runs[1], {"progress": False})):
+        with open(os.path.join(path, "config.yaml")) as f:
+            cfg = yaml.safe_load(f)
+        with open(os.path.join(path, "config.yaml"), "w") as f:
+            yaml.safe_dump(dict(cfg, **change), f, sort_keys=False)
+    p = tables(*runs, "--no-plot", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rows = table_rows(p.stdout)
+    assert rows[0][:2] == ["m", "n"] and [r[:2] for r in rows[1:]] == [["0.5", "3"], ["0.95", "3"]]
+
+
 def test_finals_table_puts_several_metrics_side_by_side(tmp_path):
     """--finals: a column per metric, its final value (mean ± s.e. over seeds; rates in percent, others as logged),
     the start row first."""
