@@ -66,3 +66,19 @@ def test_redteam_grid_runs_every_objective_at_each_kl_coefficient(tmp_path):
     assert cfg["lr_schedule"] == "constant" and cfg["steps"] == 600 and cfg["beta_start"] == cfg["beta_end"]
     assert all(o.get("beta_start", cfg["beta_start"]) == o.get("beta_end", cfg["beta_end"]) and "lr_schedule" not in o
                for o in arms.values())
+
+
+def test_passk_grid_holds_everything_but_the_objective_and_the_controls_kl(tmp_path):
+    """scripts/passk_grid.sh (docs/diversity.md): every arm is the tiny default with 16 samples a problem at each
+    evaluation; the objectives share beta 0.05, and only the positive control drops the KL term."""
+    p = grid("passk_grid.sh", tmp_path, "pilot", DRY_RUN="1", PACKED=str(tmp_path / "packed"))
+    assert p.returncode == 0, p.stderr
+    runs = [line.split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
+    assert [r[0].split(" -> ")[0] for r in runs] == [f"== {a} seed {s}" for s in (0, 1)
+                                                     for a in ("tb", "grpo", "rloo", "grpo_nokl")]
+    for head, args in runs:
+        assert "time_budget_min=0 eval_every=100 eval_samples=16" in args
+        nokl = "grpo_nokl" in head
+        assert ("beta_start=0 beta_end=0" in args) is nokl and ("beta_start=0.05 beta_end=0.05" in args) is not nokl
+    p = grid("passk_grid.sh", tmp_path)
+    assert p.returncode == 2 and "usage: bash scripts/passk_grid.sh pilot|test" in p.stderr
