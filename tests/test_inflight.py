@@ -68,34 +68,51 @@ def test_a_sample_spanning_a_weight_update_has_each_versions_log_probs(tiny_mode
         assert np.abs(lp_old[n0:] - lp_new[n0:]).max() > 0.05  # the update did change those tokens' log-probs
 
 
+def prefix_cache_case(tiny_model):
+    """(tokenizer, a 140-token prompt (one full 128-token block, vLLM's CPU block size), the tiny model with every
+    weight moved (so the prompt's keys and values differ under it), an in-flight vLLM engine on the tiny model)."""
+    from config import Config
+    from engine import VLLMEngine
+    from policy import load_model, load_tokenizer
+    tok = load_tokenizer(tiny_model)
+    prompt = tok("Q: " + "Tom has 3 apples and buys 4 more. " * 20)["input_ids"][:140]
+    assert len(prompt) == 140
+    new = load_model(tiny_model, "float32", "cpu").eval()
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(0)
+        for p in new.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1e-3) * 0.5)
+    cfg = Config(model=tiny_model, inflight=True, max_new_tokens=40)
+    return tok, prompt, new, VLLMEngine(cfg, "cpu", 0, tok.eos_token_id, len(prompt) + 60)
+
+
+def start_long_visit(engine, prompt, n):
+    """n requests for `prompt` that run on to 40 tokens (the SFT model would stop at once)."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+    params = engine.params
+    engine.params = lambda *a, **kw: SamplingParams(n=1, temperature=1.0, max_tokens=40, logprobs=0, ignore_eos=True,
+                                                    detokenize=False, output_kind=RequestOutputKind.DELTA)
+    engine.add("visit", prompt, n, 0.7, 40)
+    engine.params = params
+
+
+def greedy_of(model, tok, prompt):
+    """12 greedy tokens of the HF model after `prompt`."""
+    out = model.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    return out[0, len(prompt):].tolist()
+
+
 @needs_vllm
 def test_in_flight_prefix_cache_never_serves_a_prompt_cached_under_older_weights(tiny_model):
     """Prefix caching is on in flight: a prompt prefilled under version 0 (one full 128-token block, vLLM's CPU block
     size) is cached while its requests run on; after a load that changes every layer, a request for the same prompt
     (the round's probe) must be computed under the new weights (each request's cache_salt is its weight version),
     and so give the new model's greedy tokens. Without the salt it reuses the old keys and values."""
-    from config import Config
-    from engine import VLLMEngine
-    from policy import load_model, load_tokenizer
-    cfg = Config(model=tiny_model, inflight=True, max_new_tokens=40)
-    tok = load_tokenizer(tiny_model)
-    prompt = tok("Q: " + "Tom has 3 apples and buys 4 more. " * 20)["input_ids"][:140]
-    assert len(prompt) == 140
-    new = load_model(tiny_model, "float32", "cpu").eval()
-    with torch.no_grad():  # every weight moves: keys and values of the prompt differ under the new weights
-        g = torch.Generator().manual_seed(0)
-        for p in new.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1e-3) * 0.5)
-    engine = VLLMEngine(cfg, "cpu", 0, tok.eos_token_id, len(prompt) + 60)
+    tok, prompt, new, engine = prefix_cache_case(tiny_model)
     try:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-        params = engine.params  # the visit runs on to max_new_tokens (the SFT model would stop at once)
-        engine.params = lambda *a, **kw: SamplingParams(n=1, temperature=1.0, max_tokens=40, logprobs=0,
-                                                        ignore_eos=True, detokenize=False,
-                                                        output_kind=RequestOutputKind.DELTA)
-        engine.add("visit", prompt, 4, cfg.temperature, cfg.max_new_tokens)
-        engine.params = params
+        start_long_visit(engine, prompt, 4)
         for _ in range(3):  # the prefill (its full block cached under version 0) and 2 decode steps
             engine.step()
         engine.load_weights(list(new.state_dict().items()))
@@ -104,9 +121,7 @@ def test_in_flight_prefix_cache_never_serves_a_prompt_cached_under_older_weights
         probe = engine.generate([prompt], 1, 0.0, 12)[0][0][0]
     finally:
         engine.shutdown()
-    want = new.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                        do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    assert probe and probe == want[0, len(prompt):].tolist()[: len(probe)]
+    assert probe and probe == greedy_of(new, tok, prompt)[: len(probe)]
 
 
 @needs_vllm
@@ -114,27 +129,10 @@ def test_a_generate_after_the_flight_never_serves_a_prompt_cached_under_older_we
     """A greedy generate() with nothing in flight (a round's probe or evaluation) caches its prompt under the weights
     of then; a load while a visit runs cannot reset the prefix cache; once the visit has ended, the same prompt must
     be computed under the new weights: every request, in flight or not, is salted with its weight version."""
-    from config import Config
-    from policy import load_model, load_tokenizer
-    cfg = Config(model=tiny_model, inflight=True, max_new_tokens=40)
-    tok = load_tokenizer(tiny_model)
-    prompt = tok("Q: " + "Tom has 3 apples and buys 4 more. " * 20)["input_ids"][:140]  # one full 128-token block
-    new = load_model(tiny_model, "float32", "cpu").eval()
-    with torch.no_grad():  # every weight moves: keys and values of the prompt differ under the new weights
-        g = torch.Generator().manual_seed(0)
-        for p in new.parameters():
-            p.add_(torch.randn(p.shape, generator=g) * p.std().clamp_min(1e-3) * 0.5)
-    engine = VLLMEngine(cfg, "cpu", 0, tok.eos_token_id, len(prompt) + 60)
+    tok, prompt, new, engine = prefix_cache_case(tiny_model)
     try:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
         engine.generate([prompt], 1, 0.0, 12)  # nothing in flight: the prompt's block cached under version 0
-        params = engine.params  # the visit runs on to max_new_tokens (the SFT model would stop at once)
-        engine.params = lambda *a, **kw: SamplingParams(n=1, temperature=1.0, max_tokens=40, logprobs=0,
-                                                        ignore_eos=True, detokenize=False,
-                                                        output_kind=RequestOutputKind.DELTA)
-        engine.add("visit", prompt, 2, cfg.temperature, cfg.max_new_tokens)
-        engine.params = params
+        start_long_visit(engine, prompt, 2)
         engine.step()
         engine.load_weights(list(new.state_dict().items()))  # the visit runs: the reset is refused
         engine.version = 1
@@ -143,9 +141,7 @@ def test_a_generate_after_the_flight_never_serves_a_prompt_cached_under_older_we
         probe = engine.generate([prompt], 1, 0.0, 12)[0][0][0]
     finally:
         engine.shutdown()
-    want = new.generate(input_ids=torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                        do_sample=False, max_new_tokens=12, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    assert probe and probe == want[0, len(prompt):].tolist()[: len(probe)]
+    assert probe and probe == greedy_of(new, tok, prompt)[: len(probe)]
 
 
 def test_a_refused_prefix_cache_reset_with_nothing_in_flight_stops_the_searcher():
