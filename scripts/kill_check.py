@@ -9,8 +9,9 @@ check that a rank blocked in a CUDA collective still gets out).
                exit 0, summary.json, every step logged exactly once.
 --expect stop: launched without restarts, the job must end within --deadline seconds of the kill with a non-zero
                exit and a line that names the killed rank.
-Either way no process of the job may be left. Writes a JSON result (pass, note, rc, seconds from the kill to the
-job's exit, and for heal the restarts and the steps redone) and exits 0 on a pass, 1 otherwise.
+Either way no process of the job may be left (nor is one when this script is stopped by SIGTERM, as gpu_check.sh's
+timeout does). Writes a JSON result (pass, note, rc, seconds from the kill to the job's exit, and for heal the
+restarts and the steps redone) and exits 0 on a pass, 1 otherwise.
 """
 import argparse
 import json
@@ -76,6 +77,7 @@ def main():
             *a.overrides]
     log_path = out + ".log"
     os.makedirs(os.path.dirname(out), exist_ok=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` below ends the job first
     with open(log_path, "w") as log:
         job = subprocess.Popen(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", *args], cwd=ROOT,
                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -99,9 +101,14 @@ def main():
     except RuntimeError as e:
         res.update(passed=False, note=str(e))
     finally:
-        if job.poll() is None:
+        if job.poll() is None:  # its ranks run in sessions of their own: killed by the out_dir they name
             os.killpg(job.pid, signal.SIGKILL)
             job.wait()
+            for pid in leftovers(out):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:  # gone meanwhile
+                    pass
     time.sleep(1)
     left = leftovers(out)
     output = open(log_path, errors="replace").read()

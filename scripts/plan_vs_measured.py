@@ -4,6 +4,8 @@ pass, for a random model of a given shape, each case in a fresh process.
     python scripts/plan_vs_measured.py [--json out/plan_vs_measured.json]            this machine's CPU, a mid-size Llama
     python scripts/plan_vs_measured.py --shape 7b [--json ...]                       one GPU, the Qwen2.5-7B shape
                                                                                      (scripts/gpu_check.sh runs it)
+    python scripts/plan_vs_measured.py --shape 1b [--json ...]                       one GPU, the GSM8K recipe's
+                                                                                     1.1B shape (gpu_check.sh too)
 
 CPU: 12 layers, hidden 512, MLP 1376, 8 heads, vocab 32000, float32 (71M parameters), built here with random weights.
 Train step: token_logprobs + the TB loss + backward on n samples of 1024 tokens (a 32-token prompt + 992 response
@@ -20,6 +22,9 @@ recipe's), the micro-batches of configs/math_tba_prime.yaml (8, checkpointed) an
 and the searcher's pass at logprob_tokens 16384 and 8192. Measured: torch.cuda.max_memory_allocated during the case
 minus memory_allocated before it; the whole peak (weights, gradients, AdamW states too) is reported beside the plan's
 sum of the same rows.
+--shape 1b: the same on the GPU for configs/gsm8k.yaml: Rho-1B's (TinyLlama-1.1B's) shape in bfloat16, 256 prompt +
+512 new tokens, a micro-batch of K = 20 samples (micro_batch=0) and the searcher's pass over a generation call's 72
+sequences (chunk_prompts 3 x S 24) at logprob_tokens 16384.
 """
 import argparse
 import json
@@ -34,12 +39,19 @@ SHAPE = dict(vocab_size=32000, hidden_size=512, intermediate_size=1376, num_hidd
              num_key_value_heads=8, tie_word_embeddings=False)
 QWEN_7B = dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)  # plan.KNOWN_SHAPES's
-LENGTHS = {"cpu": (32, 992), "7b": (256, 2048)}  # (prompt, response) tokens
+TINYLLAMA_1B = dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                    num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False)  # plan.KNOWN_SHAPES's
+LENGTHS = {"cpu": (32, 992), "7b": (256, 2048), "1b": (256, 512)}  # (prompt, response) tokens
+PARAMS = {"7b": 7_615_616_512, "1b": 1_100_048_384}  # the published counts (plan.KNOWN_SHAPES)
 CASES_7B = [  # (name, kind, n sequences, grad_checkpointing, logprob_tokens); kind lora: rank-64 adapters
     ("7B train, 8 x 2304, checkpointed (math_tba_prime)", "train", 8, True, 0),
     ("7B LoRA train, 4 x 2304, checkpointed (..._lora)", "lora", 4, True, 0),
     ("7B searcher log-probs, 7 x 2304, logprob_tokens 16384", "ref", 7, False, 16384),
     ("7B searcher log-probs, 3 x 2304, logprob_tokens 8192", "ref", 3, False, 8192),
+]
+CASES_1B = [
+    ("1.1B train, 20 x 768 (gsm8k)", "train", 20, False, 0),
+    ("1.1B searcher log-probs, 72 x 768, logprob_tokens 16384", "ref", 72, False, 16384),
 ]
 CASES = [  # (name, kind, n sequences, grad_checkpointing, logprob_tokens)
     ("train, 4 x 1024, whole", "train", 4, False, 0),
@@ -58,8 +70,8 @@ def rss_gb():
 
 
 def build(shape):
-    """A random model of `shape` ("cpu": the mid-size Llama in float32 on the CPU; "7b": Qwen2.5-7B in bfloat16 on
-    the GPU) and its vocabulary size."""
+    """A random model of `shape` ("cpu": the mid-size Llama in float32 on the CPU; "7b": Qwen2.5-7B, "1b":
+    TinyLlama-1.1B, in bfloat16 on the GPU) and its vocabulary size."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
     torch.manual_seed(0)
@@ -67,9 +79,12 @@ def build(shape):
         return LlamaForCausalLM(LlamaConfig(**SHAPE)), SHAPE["vocab_size"]
     torch.set_default_dtype(torch.bfloat16)
     with torch.device("cuda"):
-        model = Qwen2ForCausalLM(Qwen2Config(**QWEN_7B))
+        if shape == "1b":
+            model = LlamaForCausalLM(LlamaConfig(**TINYLLAMA_1B))
+        else:
+            model = Qwen2ForCausalLM(Qwen2Config(**QWEN_7B))
     torch.set_default_dtype(torch.float32)
-    return model, QWEN_7B["vocab_size"]
+    return model, model.config.vocab_size
 
 
 def measure(shape, kind, n, checkpointed, budget):
@@ -122,8 +137,8 @@ def measure(shape, kind, n, checkpointed, budget):
 
 
 def plan_shape(shape):
-    cfg = SHAPE if shape == "cpu" else QWEN_7B
-    params = 7_615_616_512 if shape == "7b" else 0  # the published count (plan.KNOWN_SHAPES)
+    cfg = {"cpu": SHAPE, "7b": QWEN_7B, "1b": TINYLLAMA_1B}[shape]
+    params = PARAMS.get(shape, 0)
     h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
     return dict(params=params, layers=cfg["num_hidden_layers"], hidden=h, intermediate=cfg["intermediate_size"],
                 heads=heads, kv_dim=cfg["num_key_value_heads"] * h // heads, vocab=cfg["vocab_size"], gated=True)
@@ -151,11 +166,11 @@ def planned(shape, kind, n, checkpointed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", default="")
-    ap.add_argument("--shape", choices=("cpu", "7b"), default="cpu")
+    ap.add_argument("--shape", choices=("cpu", "7b", "1b"), default="cpu")
     ap.add_argument("--case", type=int, default=-1, help=argparse.SUPPRESS)  # one case, in a fresh process
     a = ap.parse_args()
     sys.path.insert(0, ROOT)
-    cases = CASES if a.shape == "cpu" else CASES_7B
+    cases = {"cpu": CASES, "7b": CASES_7B, "1b": CASES_1B}[a.shape]
     if a.case >= 0:
         name, kind, n, ckpt, budget = cases[a.case]
         print(json.dumps(measure(a.shape, kind, n, ckpt, budget)))

@@ -5,6 +5,7 @@ Not reproducible on CPU, named here: that NCCL itself honours the group's timeou
 (no NCCL in a CPU build of torch); that vLLM on a GPU sizes its KV cache as intended when built in turns (no GPU);
 that a CUDA IPC view is read after the copies finish (no CUDA). The calls that make them so are tested below.
 """
+import dataclasses
 import datetime
 import importlib.util
 import json
@@ -436,6 +437,7 @@ def test_gpu_check_table_passes_a_matching_probe_and_fails_any_other(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     (run / "summary.json").write_text('{"steps": 4, "wall_seconds": 12.0}')
+    (run / "config.yaml").write_text("asynchronous: true\ncheck_sync: true\n")
     transport = tmp_path / "transport.json"
     transport.write_text('{"transport": "nccl", "bytes": 2200000000, "buckets": 9, "push_seconds_median": 0.01, '
                          '"verified": true}')
@@ -453,7 +455,7 @@ def test_gpu_check_table_passes_a_matching_probe_and_fails_any_other(tmp_path):
 
     ok = table([1.0, 1.0])
     assert ok.returncode == 0, ok.stdout
-    assert "own-1b-hf     | PASS   | 1.0 1.0 | 0.20   | 0.010  | 35.0% | 40000" in ok.stdout
+    assert "own-1b-hf     | PASS   | 1.0 1.0 | -      | 0.20   | 0.010  | 35.0% | 40000" in ok.stdout
     assert "2 of 2 checks passed" in ok.stdout
     bad = table([1.0, 0.5])
     assert bad.returncode == 1 and "own-1b-hf     | FAIL" in bad.stdout and "1 FAILED" in bad.stdout
@@ -497,3 +499,220 @@ def test_gpu_check_table_judges_the_7b_memory_check_by_the_plans_error(tmp_path)
     ok = table([0.9, 1.2])
     assert ok.returncode == 0 and "plan / measured 0.90..1.20 over 2 cases" in ok.stdout and "71.0" in ok.stdout
     assert table([0.9, 0.7]).returncode == 1
+
+
+def sync_run(path, gaps, drifts, check_sync=False):
+    """A fabricated synchronous run: per step its per-token |logp_behav - logp| and KL from the start weights."""
+    path.mkdir()
+    (path / "summary.json").write_text('{"steps": 4, "wall_seconds": 30.0}')
+    (path / "config.yaml").write_text(f"asynchronous: false\ncheck_sync: {str(check_sync).lower()}\n")
+    rows = [{"step": i, "train/loss": 1.0, "train/response_len": 100.0, "train/logp_behav_minus_logp": 100 * gap,
+             "train/kl_seq": 100 * drift} for i, (gap, drift) in enumerate(zip(gaps, drifts), 1)]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_gpu_check_table_judges_a_synchronous_run_by_teacher_forced_logprobs(tmp_path):
+    """A synchronous run of a random-weight model, no greedy probe: its searcher's log-probs of the samples it drew
+    against the trainer's, per token. Before, such a row needed an exact greedy probe, which near-tied logits fail
+    for no fault. PASS when every step on pushed weights is within LP_TOL and the weights moved DRIFT from the
+    start (step 1, on the weights loaded from disk, is not judged); FAIL on a gap, or on too little movement to tell
+    a load from none."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from gpu_check_table import DRIFT, LP_TOL
+    cases = {"ok": ([0.5, 0.001, -0.002, 0.003], [0.0, 0.2, 0.8, 1.9]),
+             "gap": ([0.0, 0.001, 3 * LP_TOL, 0.0], [0.0, 0.2, 0.8, 1.9]),
+             "still": ([0.0, 0.001, 0.0, 0.0], [0.0, 0.0, 0.0, DRIFT / 2])}
+    checks = tmp_path / "checks.tsv"
+    for name, (gaps, drifts) in cases.items():
+        run = sync_run(tmp_path / name, gaps, drifts)
+        checks.write_text(f"shared-1b-hf\ttrain\t0\t{run}\t{tmp_path}/x.log\n")
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check_table.py"), str(checks)],
+                           capture_output=True, text=True, timeout=30)
+        assert (p.returncode == 0) == (name == "ok"), (name, p.stdout)
+        row = p.stdout.splitlines()[1]
+        assert row.split("|")[3].strip() == f"{max(abs(g) for g in gaps[1:]):.4f}", row  # the lp gap column
+        if name == "gap":
+            assert f"teacher-forced log-probs differ by {3 * LP_TOL:.3f} nats per token" in row
+        if name == "still":
+            assert "too little to tell a weight load from none" in row
+
+
+def test_gpu_check_table_lists_a_check_cut_by_the_deadline_as_not_run(tmp_path):
+    """An exit status "-" (gpu_check.sh's DEADLINE_S) is SKIP with its log's reason, not a PASS, and not a FAIL of
+    the check; the table still exits 1."""
+    log = tmp_path / "late.log"
+    log.write_text("not run: 41s left of DEADLINE_S=570\n")
+    checks = tmp_path / "checks.tsv"
+    checks.write_text(f"shared-sync-vs-async\tbench\t-\t{tmp_path}/bench.json\t{log}\n")
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu_check_table.py"), str(checks)],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 1 and "| SKIP   |" in p.stdout and "not run: 41s left of DEADLINE_S=570" in p.stdout
+    assert "0 of 1 checks passed, 1 not run" in p.stdout and "FAILED" not in p.stdout
+
+
+def dry_run(script, gpus, engine, **env):
+    """scripts/<script> with DRY_RUN=1 for a node with `gpus`: {check name: (kind, timeout s, command)}."""
+    p = subprocess.run(["bash", os.path.join(ROOT, "scripts", script)], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, DRY_RUN="1", GPUS=gpus, ENGINE=engine, **env))
+    assert p.returncode == 0, p.stderr
+    checks = {}
+    for line in p.stdout.splitlines()[1:]:
+        name, rest = line.split(" [", 1)
+        kind_cap, command = rest.split("]: ", 1)
+        kind, cap = kind_cap.split(", ")
+        checks[name] = (kind, int(cap.rstrip("s")), command)
+    return checks
+
+
+def test_gpu_check_runs_the_missing_cases_each_under_its_own_timeout():
+    """A 4-GPU vLLM node: both layouts get the launch.sh path, in-flight search and its labels, weight_delay with an
+    evaluation, three searchers, push_overlap with one trainer; the 1.1B check runs GSM8K's 512 new tokens; every
+    timeout is the check's own (RUN_S + BUILD_S per engine), however many checks come before it (before: one 540 s
+    budget for all, so late checks ended 'not run')."""
+    checks = dry_run("gpu_check.sh", "0,1,2,3", "vllm", RUN_S="300", BUILD_S="240")
+    for layout in ("own", "shared"):
+        for case in ("launch", "tiny-inflight", "inflight-labels", "delay-eval", "tiny-3searchers", "tiny-lora"):
+            assert f"{layout}-{case}" in checks, (layout, case)
+    assert checks["own-tiny-overlap"][2].endswith("push_overlap=true") and "shared-tiny-overlap" not in checks
+    assert "n_trainers" not in checks["own-tiny-overlap"][2]
+    assert checks["own-launch"][2].split()[2:4] == ["bash", "launch.sh"]
+    assert "max_new_tokens=512" in checks["own-1b-vllm"][2] and "eval_max_new_tokens=512" in checks["own-1b-vllm"][2]
+    assert "async=false" in checks["own-1b-vllm"][2] and "check_sync" not in checks["own-1b-vllm"][2]
+    assert checks["own-tiny-3searchers"][1] == 300 + 3 * 240 and checks["shared-delay-eval"][1] == 300 + 2 * 240
+    assert all(cap >= 300 for _, cap, _ in checks.values())
+    two = dry_run("gpu_check.sh", "0,1", "vllm")  # 4 ranks need 4 GPUs of their own; one shared GPU takes them
+    assert "own-tiny-3searchers" not in two and "shared-tiny-3searchers" in two
+
+
+def test_gpu_single_runs_what_one_gpu_without_vllm_can_show():
+    """scripts/gpu_single.sh: one GPU, the HF engine, CUDA IPC; the checks issue 54 asks of such a machine, in this
+    order (the timing last: the one the deadline cuts), and nothing that needs vLLM or a GPU per rank."""
+    checks = dry_run("gpu_single.sh", "0", "vllm")  # vLLM named, the HF engine used
+    assert list(checks) == ["plan-1b", "shared-transport", "shared-tiny-hf", "shared-1b-hf", "shared-launch",
+                            "shared-delay-eval", "shared-tiny-lora", "shared-sync-vs-async"]
+    assert "--shape tinyllama --transport ipc" in checks["shared-transport"][2]
+    assert all("engine=vllm" not in command for _, _, command in checks.values())
+    assert "lora_rank=8" in checks["shared-tiny-lora"][2] and "dtype=bfloat16" in checks["shared-tiny-lora"][2]
+    bench = checks["shared-sync-vs-async"][2]
+    assert "--modes async,sync --repeats 2" in bench and "model=out/gpu_single/model_1b B=7 K=20 S=20" in bench
+    assert bench.endswith("k=1 initial_buffer=0")  # a head start would be work the synchronous arm does not do
+
+
+def test_the_inflight_label_check_fails_a_token_labelled_with_the_wrong_weights():
+    """scripts/check_inflight.py's verdict: markers are what version 1 writes. Right labels pass; a lag off by one
+    step either way (a marker labelled 0, or an old token labelled 1) is named."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from check_inflight import judge
+    markers = [99, 98]
+    right = [(0, [5, 6, 7, 99, 98], None, ((0, 3), (1, 2))), (1, [8, 9, 98], None, ((0, 2), (1, 1)))]
+    assert judge(right, markers) == ([], 2)
+    late = [(0, [5, 6, 7, 99, 98], None, ((0, 4), (1, 1)))]  # the first new token labelled with the old weights
+    early = [(0, [5, 6, 7, 99, 98], None, ((0, 2), (1, 3)))]  # an old token labelled with the new weights
+    assert judge(late, markers)[0] == ["request 0: tokens [5, 6, 7, 99] labelled 0"]
+    assert judge(early, markers)[0] == ["request 0: tokens [7, 99, 98] labelled 1"]
+
+
+def test_the_current_check_tells_the_final_weights_evaluation_from_the_delayed_ones(tiny_model, tmp_path):
+    """scripts/check_current.py on a fabricated weight_delay run (HF engine, CPU, 2 searchers): an evaluation that
+    wrote the final weights' completions passes; one that wrote the delayed weights' (step 4 - D) fails."""
+    import shutil
+
+    import yaml
+
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    from check_current import check, written
+    from config import config_to_dict, load_config
+    from engine import make_engine
+    from policy import load_model
+    from rewards import get_task
+    run = tmp_path / "run"
+    cfg = load_config(os.path.join(ROOT, "configs", "tiny.yaml"), [
+        f"model={tiny_model}", "engine=hf", "n_searchers=2", "train_data=procedural:train:64",
+        "test_data=procedural:test:6", "weight_delay=2", f"out_dir={run}"])
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(config_to_dict(cfg)))
+    (run / "summary.json").write_text('{"steps": 4}')
+    shutil.copytree(tiny_model, run / "checkpoints" / "final")
+    delayed = load_model(tiny_model, "float32", "cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        delayed.lm_head.weight.add_(torch.randn_like(delayed.lm_head.weight))  # weights that write otherwise
+    delayed.save_pretrained(run / "checkpoints" / "step_2")
+    load_tokenizer(tiny_model).save_pretrained(run / "checkpoints" / "step_2")
+    task, tok = get_task("arith"), load_tokenizer(tiny_model)
+    test = task.load(cfg.test_data, "test")
+    for weights, passed in (("final", True), ("step_2", False)):  # what the searchers evaluated
+        engine = make_engine(dataclasses.replace(cfg, model=str(run / "checkpoints" / weights)), "cpu", 0,
+                             tok.pad_token_id, tok.eos_token_id, 256)
+        texts = written(engine, tok, task, test, 2, cfg.max_new_tokens)
+        (run / "eval_step4.jsonl").write_text("".join(json.dumps({"id": i, "completion": t}) + "\n"
+                                                      for i, t in texts.items()))
+        res = check(str(run))
+        assert res["passed"] is passed and res["n"] == 6, res
+        assert res["same_as_final" if passed else "same_as_delayed"] == 6 and \
+            res["same_as_delayed" if passed else "same_as_final"] < 6, res
+
+
+def test_a_fault_check_stopped_by_its_timeout_takes_its_job_with_it(tmp_path):
+    """gpu_check.sh ends a check past its timeout with SIGTERM. kill_check.py starts its job in a session of its own
+    (and torchrun each rank in another), so the signal reaches neither: before, a stopped fault check left a
+    steps=100000 job running on the node."""
+    from scripts.kill_check import leftovers
+    out = str(tmp_path / "run")
+    check = subprocess.Popen([sys.executable, "scripts/kill_check.py", "--out", out, "--rank", "1", "--at-step",
+                              "100000", "--expect", "heal", "--", "engine=hf", "n_searchers=1", "steps=100000",
+                              "n_test=4", "eval_every=0", "time_budget_min=0"], cwd=ROOT,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while len(leftovers(out)) < 3 and time.monotonic() < deadline:  # torchrun's agent and both ranks
+            time.sleep(0.2)
+        assert len(leftovers(out)) >= 3, "the job did not start"
+        check.terminate()
+        assert check.wait(timeout=30) != 0
+        deadline = time.monotonic() + 10
+        while leftovers(out) and time.monotonic() < deadline:  # SIGKILLed: gone once reaped
+            time.sleep(0.2)
+        assert leftovers(out) == []
+    finally:
+        check.kill()
+        for pid in leftovers(out):
+            os.kill(pid, 9)
+
+
+def test_the_1b_memory_check_plans_the_gsm8k_recipes_shape():
+    """scripts/plan_vs_measured.py --shape 1b (gpu_check.sh's plan-1b): its shape is the TinyLlama-1.1B that
+    plan.py plans configs/gsm8k.yaml with, parameters counted, and its train case is that config's micro-batch."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from scripts import plan_vs_measured as pvm
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(LlamaConfig(**pvm.TINYLLAMA_1B))
+    assert pvm.plan_shape("1b")["params"] == sum(p.numel() for p in model.parameters()) == 1_100_048_384
+    gsm8k = Config(K=20, S=24, chunk_prompts=3, max_new_tokens=512)
+    (_, _, n_train, _, _), (_, _, n_ref, _, budget) = pvm.CASES_1B
+    assert n_train == gsm8k.K and n_ref == gsm8k.chunk_prompts * gsm8k.S and budget == Config().logprob_tokens
+    assert pvm.LENGTHS["1b"] == (256, gsm8k.max_new_tokens)
+    added, peak = pvm.planned("1b", "train", n_train, False)
+    assert 0 < added < peak < 80
+
+
+def plan_text(*args):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--plan", *args], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    assert p.returncode == 0, p.stderr
+    return p.stdout
+
+
+def test_the_16_gpu_config_is_the_recipe_on_15_searchers_and_docs_show_its_plan():
+    """configs/gsm8k_16gpu.yaml is configs/gsm8k.yaml but n_searchers (and out_dir): the paper's recipe, rank 0
+    training, ranks 1-15 searching; docs/gpu.md shows what `train.py --plan` prints for it on 16 x 80 GB, as it
+    prints it today."""
+    from config import config_to_dict, load_config
+    four, sixteen = (config_to_dict(load_config(os.path.join(ROOT, "configs", name)))
+                     for name in ("gsm8k.yaml", "gsm8k_16gpu.yaml"))
+    assert {k for k in four if four[k] != sixteen[k]} == {"n_searchers", "out_dir"}
+    assert sixteen["n_trainers"] + sixteen["n_searchers"] == 16
+    printed = plan_text("configs/gsm8k_16gpu.yaml", "--gpus", "16", "--gpu-memory-gb", "80")
+    assert printed.strip() in open(os.path.join(ROOT, "docs", "gpu.md")).read()
