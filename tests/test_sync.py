@@ -118,7 +118,7 @@ def test_an_evaluation_of_the_current_weights_counts_both_its_loads_as_evaluatio
                                             RefModel(), [1], evaluate)
     assert loaded == 0.0 and evaluated >= 2 * 0.4 + 0.1  # two loads of 0.3 s + 2 x 0.05 s, and the evaluation
     assert 0.1 <= sync.searcher_round(searcher, searcher, Flag.EVAL, "report", searcher, RefModel(), [1],
-                                      evaluate)[1] < 0.3
+                                      evaluate)[1] < 0.5  # no load in it (each would add 0.4 s)
 
 
 def test_a_failed_collective_stops_the_job_on_either_side():
