@@ -457,6 +457,117 @@ def ratio_interval(pairs):
     return math.exp(mean), math.exp(mean - half), math.exp(mean + half)
 
 
+ALPHA = 0.05  # the registered readers' (scripts/*_verdict.py) significance level: Holm's family-wise error
+
+
+def t_cdf(x, df):
+    """P(T <= x) for Student's t with df degrees of freedom (the density integrated numerically: no scipy here)."""
+    grid = np.linspace(0.0, abs(x), 20001)
+    pdf = (1 + grid ** 2 / df) ** (-(df + 1) / 2) * math.gamma((df + 1) / 2) / (
+        math.sqrt(df * math.pi) * math.gamma(df / 2))
+    half = float(np.sum((pdf[1:] + pdf[:-1]) / 2 * np.diff(grid)))
+    return 0.5 + math.copysign(half, x)
+
+
+def t_quantile(p, df):
+    """The x with P(T <= x) = p (bisection on t_cdf)."""
+    lo, hi = -1e3, 1e3
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def paired(xs, level=1 - ALPHA):
+    """(n, mean, half-width of the two-sided t-interval at `level`, two-sided p of mean = 0) of paired values."""
+    xs = np.asarray(xs, dtype=float)
+    n, mean = len(xs), float(xs.mean())
+    if n < 2:
+        return n, mean, float("nan"), float("nan")
+    se = float(xs.std(ddof=1)) / math.sqrt(n)
+    half = t_quantile(1 - (1 - level) / 2, n - 1) * se
+    # identical differences: p = 0, unless every one is 0 (then nothing differs: p = 1)
+    p = 2 * (1 - t_cdf(abs(mean) / se, n - 1)) if se > 0 else float(mean == 0)
+    return n, mean, half, p
+
+
+def holm(ps):
+    """Holm's step-down over a family of p-values: (adjusted p, rejected, the level each was tested at) per input."""
+    order = sorted(range(len(ps)), key=lambda i: ps[i])
+    adjusted, rejected, levels, running, going = [0.0] * len(ps), [False] * len(ps), [0.0] * len(ps), 0.0, True
+    for rank, i in enumerate(order):
+        m = len(ps) - rank
+        running = max(running, min(1.0, m * ps[i]))
+        adjusted[i], levels[i] = running, 1 - ALPHA / m
+        going = going and ps[i] <= ALPHA / m
+        rejected[i] = going
+    return adjusted, rejected, levels
+
+
+def seed_count(sds, goal, family, seeds=range(4, 9)):
+    """A registered pilot's seed-count rule: ({n: {name: predicted half-width t(n - 1) x sd / sqrt(n), two-sided at
+    Holm's first level 1 - 0.05 / family}} for each n in seeds and each named sd, the smallest n whose half-widths are
+    all under goal or None when none is)."""
+    halves = {n: {k: t_quantile(1 - ALPHA / (2 * family), n - 1) * sd / math.sqrt(n) for k, sd in sds.items()}
+              for n in seeds}
+    return halves, next((n for n in seeds if all(h < goal for h in halves[n].values())), None)
+
+
+def load_arms(path, arm_of, needs=()):
+    """A registered reader's runs: {arm: {seed: run}} of every finished run under path (any depth), arm_of(its config)
+    naming its arm, and the unfinished run dirs; one line of error for no finished run, a run without one of the eval
+    metrics `needs`, or a second run of an arm and seed."""
+    runs, unfinished = {}, []
+    for here, _, files in sorted(os.walk(path)):
+        run = load_run(here) if "config.yaml" in files else False
+        if run is None:
+            unfinished.append(here)
+        if not run:
+            continue
+        missing = [m for m in needs if not any(f"eval/{m}" in row for row in run["rows"])]
+        if missing:
+            fail(f"{here}: no eval/{', eval/'.join(missing)} in metrics.jsonl (run with eval_samples=16?)")
+        arm, seed = arm_of(run["cfg"]), run["cfg"]["seed"]
+        if seed in runs.get(arm, {}):
+            fail(f"{here}: a second run of {arm} seed {seed} (the other: {runs[arm][seed]['path']})")
+        runs.setdefault(arm, {})[seed] = run
+    if not runs:
+        fail(f"no finished runs under {path}")
+    return runs, unfinished
+
+
+def interval(mean, half, digits=1):
+    """A registered reader's interval [lo, hi], signed; "-" without one (fewer than two seeds)."""
+    return "-" if not math.isfinite(half) else f"[{mean - half:+.{digits}f}, {mean + half:+.{digits}f}]"
+
+
+def markdown(header, rows):
+    """A markdown table (rows of cells as text) and a blank line."""
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+    print()
+
+
+def plot_forest(forest, path, xlabel):
+    """A registered reader's forest plot: a line per (label, {seed: value}, mean, half-width), top to bottom."""
+    plt = pyplot()
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(forest) + 1))
+    for y, (label, xs, mean, half) in enumerate(reversed(forest)):
+        ax.plot(list(xs.values()), [y] * len(xs), "o", color="0.6", ms=3)
+        if math.isfinite(half):
+            ax.errorbar([mean], [y], xerr=[[half], [half]], fmt="s", color="k", capsize=3)
+    ax.axvline(0, color="0.3", lw=0.8)
+    ax.set_yticks(range(len(forest)), [label for label, *_ in reversed(forest)])
+    ax.set_xlabel(xlabel)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}")
+
+
 def last_mean(run, metric, last):
     """The mean of the run's last `last` evaluations of eval/<metric> (fewer when it has fewer)."""
     values = [row[f"eval/{metric}"] for row in sorted(run["rows"], key=lambda r: r["step"]) if f"eval/{metric}" in row]

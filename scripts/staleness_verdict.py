@@ -11,7 +11,6 @@ drop = value(D = 0) - value(D), D the test's delay (the one other weight_delay i
 Each is a mean over the seeds that have every run it needs, with a paired t-interval.
 """
 import argparse
-import math
 import os
 import sys
 
@@ -23,50 +22,7 @@ import tables  # noqa: E402
 BASELINES = ("dr_grpo", "grpo", "rloo")
 OBJECTIVES = ("tb",) + BASELINES + ("tba_prime",)
 SECONDARY = [("tb", "dr_grpo"), ("tb", "grpo"), ("tb", "rloo"), ("tba_prime", "dr_grpo")]
-ALPHA = 0.05
-
-
-def t_cdf(x, df):
-    """P(T <= x) for Student's t with df degrees of freedom (the density integrated numerically: no scipy here)."""
-    grid = np.linspace(0.0, abs(x), 20001)
-    pdf = (1 + grid ** 2 / df) ** (-(df + 1) / 2) * math.gamma((df + 1) / 2) / (
-        math.sqrt(df * math.pi) * math.gamma(df / 2))
-    half = float(np.sum((pdf[1:] + pdf[:-1]) / 2 * np.diff(grid)))
-    return 0.5 + math.copysign(half, x)
-
-
-def t_quantile(p, df):
-    """The x with P(T <= x) = p (bisection on t_cdf)."""
-    lo, hi = -1e3, 1e3
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
-
-
-def paired(xs, level=1 - ALPHA):
-    """(n, mean, half-width of the two-sided t-interval at `level`, two-sided p of mean = 0) of paired values."""
-    xs = np.asarray(xs, dtype=float)
-    n, mean = len(xs), float(xs.mean())
-    if n < 2:
-        return n, mean, float("nan"), float("nan")
-    se = float(xs.std(ddof=1)) / math.sqrt(n)
-    half = t_quantile(1 - (1 - level) / 2, n - 1) * se
-    p = 2 * (1 - t_cdf(abs(mean) / se, n - 1)) if se > 0 else 0.0
-    return n, mean, half, p
-
-
-def holm(ps):
-    """Holm's step-down over a family of p-values: (adjusted p, rejected, the level each was tested at) per input."""
-    order = sorted(range(len(ps)), key=lambda i: ps[i])
-    adjusted, rejected, levels, running, going = [0.0] * len(ps), [False] * len(ps), [0.0] * len(ps), 0.0, True
-    for rank, i in enumerate(order):
-        m = len(ps) - rank
-        running = max(running, min(1.0, m * ps[i]))
-        adjusted[i], levels[i] = running, 1 - ALPHA / m
-        going = going and ps[i] <= ALPHA / m
-        rejected[i] = going
-    return adjusted, rejected, levels
+ALPHA = tables.ALPHA
 
 
 def load(paths):
@@ -108,17 +64,9 @@ def verdict(mean, half, below, above, n):
 
 
 def row(name, xs, rule=("below 0", "above 0"), level=1 - ALPHA):
-    n, mean, half, p = paired(list(xs.values()), level)
+    n, mean, half, p = tables.paired(list(xs.values()), level)
     ci = "-" if n < 2 else f"[{mean - half:+.1f}, {mean + half:+.1f}]"
     return [name, str(n), f"{mean:+.1f}", ci, verdict(mean, half, *rule, n)], (n, mean, half, p)
-
-
-def show(header, rows):
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for r in rows:
-        print("| " + " | ".join(r) + " |")
-    print()
 
 
 def report(drops, d):
@@ -130,7 +78,7 @@ def report(drops, d):
         rows.append(r)
         forest.append((f"{loss}: drop", drops[loss], mean, half))
     print(f"Each objective's drop: accuracy at D = 0 minus at D = {d}, points (mean of the last three evaluations)")
-    show(["objective", "n", "mean drop", "95% CI", "reading"], rows)
+    tables.markdown(["objective", "n", "mean drop", "95% CI", "reading"], rows)
 
     control = per_seed(drops, lambda x: np.mean([x[b] for b in BASELINES]), BASELINES)
     primary = per_seed(drops, lambda x: x["tb"] - np.mean([x[b] for b in BASELINES]), ("tb",) + BASELINES)
@@ -143,43 +91,27 @@ def report(drops, d):
     if c_row[-1] != "passes":
         p_row[-1] = "not read (the control did not pass): " + p_row[-1]
     print("The positive control, then the one primary statistic (paired seeds, 95% t-interval)")
-    show(["statistic", "n", "mean (pts)", "95% CI", "verdict (the rule)"], [c_row, p_row])
+    tables.markdown(["statistic", "n", "mean (pts)", "95% CI", "verdict (the rule)"], [c_row, p_row])
     forest += [("control", control, cmean, chalf), ("PRIMARY", primary, mean, half)]
 
     contrasts = [per_seed(drops, lambda x, a=a, b=b: x[a] - x[b], (a, b)) for a, b in SECONDARY]
-    stats = [paired(list(c.values())) for c in contrasts]
+    stats = [tables.paired(list(c.values())) for c in contrasts]
     usable = [i for i, s in enumerate(stats) if s[0] >= 2]
-    adjusted, rejected, levels = holm([stats[i][3] for i in usable])
+    adjusted, rejected, levels = tables.holm([stats[i][3] for i in usable])
     rows = []
     for j, i in enumerate(usable):
         a, b = SECONDARY[i]
         n, mean, _, _ = stats[i]
-        _, _, half, _ = paired(list(contrasts[i].values()), levels[j])
+        _, _, half, _ = tables.paired(list(contrasts[i].values()), levels[j])
         reading = ("more robust" if mean < 0 else "less robust") if rejected[j] else f"not told apart at ±{half:.1f}"
         rows.append([f"{a}'s drop minus {b}'s", str(n), f"{mean:+.1f}", f"{levels[j]:.4f}",
                      f"[{mean - half:+.1f}, {mean + half:+.1f}]", f"{adjusted[j]:.3f}", f"{a} {reading}"])
         forest.append((f"{a} - {b} (Holm)", contrasts[i], mean, half))
     print(f"Secondary, one family of {len(usable)} (Holm's step-down at 0.05; each interval at the level its step "
           "tests)")
-    show(["contrast", "n", "mean (pts)", "level", "interval at that level", "Holm-adjusted p", "reading"], rows)
+    tables.markdown(["contrast", "n", "mean (pts)", "level", "interval at that level", "Holm-adjusted p", "reading"],
+                    rows)
     return forest
-
-
-def plot_forest(forest, path):
-    plt = tables.pyplot()
-    if plt is None:
-        return
-    fig, ax = plt.subplots(figsize=(7, 0.45 * len(forest) + 1))
-    for y, (label, xs, mean, half) in enumerate(reversed(forest)):
-        ax.plot(list(xs.values()), [y] * len(xs), "o", color="0.6", ms=3)
-        if math.isfinite(half):
-            ax.errorbar([mean], [y], xerr=[[half], [half]], fmt="s", color="k", capsize=3)
-    ax.axvline(0, color="0.3", lw=0.8)
-    ax.set_yticks(range(len(forest)), [label for label, *_ in reversed(forest)])
-    ax.set_xlabel("points of held-out accuracy (seeds: dots; mean and interval: bars)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    print(f"plot: {path}")
 
 
 def main():
@@ -193,7 +125,7 @@ def main():
     d, drops = drops_of(values)
     forest = report(drops, d)
     if args.plot:
-        plot_forest(forest, args.plot)
+        tables.plot_forest(forest, args.plot, "points of held-out accuracy (seeds: dots; mean and interval: bars)")
 
 
 if __name__ == "__main__":

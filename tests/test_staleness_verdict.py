@@ -9,11 +9,10 @@ import sys
 
 import pytest
 import yaml
-from conftest import ROOT
 
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import staleness_verdict as sv  # noqa: E402
-from config import Config, config_to_dict  # noqa: E402
+import tables
+from config import Config, config_to_dict
+from conftest import ROOT
 
 
 def run_dir(path, loss, delay, seed, value):
@@ -46,12 +45,13 @@ def verdict(tmp_path):
 
 
 def test_t_quantiles_and_holm_match_their_tables():
-    assert sv.t_quantile(0.975, 3) == pytest.approx(3.182, abs=1e-3)  # the t tables' 95% two-sided values
-    assert sv.t_quantile(0.975, 7) == pytest.approx(2.365, abs=1e-3)
-    assert sv.t_quantile(1 - 0.0125 / 2, 7) == pytest.approx(3.335, abs=1e-3)
-    adjusted, rejected, levels = sv.holm([0.01, 0.04, 0.03, 0.5])  # by hand: 4 x 0.01, max(3 x 0.03, ...), ...
+    assert tables.t_quantile(0.975, 3) == pytest.approx(3.182, abs=1e-3)  # the t tables' 95% two-sided values
+    assert tables.t_quantile(0.975, 7) == pytest.approx(2.365, abs=1e-3)
+    assert tables.t_quantile(1 - 0.0125 / 2, 7) == pytest.approx(3.335, abs=1e-3)
+    adjusted, rejected, levels = tables.holm([0.01, 0.04, 0.03, 0.5])  # by hand: 4 x 0.01, max(3 x 0.03, ...), ...
     assert adjusted == pytest.approx([0.04, 0.09, 0.09, 0.5])
     assert rejected == [True, False, False, False] and levels == pytest.approx([0.9875, 0.975, 1 - 0.05 / 3, 0.95])
+    assert tables.paired([0.0, 0.0, 0.0])[3] == 1.0 and tables.paired([1.0, 1.0, 1.0])[3] == 0.0  # no spread
 
 
 def test_primary_control_and_secondaries_from_the_runs(tmp_path):
