@@ -14,7 +14,11 @@ in 8 would weigh like the one wrong answer. The store itself stays deduplicated 
 
 A new sampling rule for those draws goes in `weights`, switched by one new config field (config.py); a new rule for
 which prompt is drawn goes in `sample`.
+
+Besides what it holds, the buffer counts what it has found (`Successes`): the distinct successes it has received over
+the run, which eviction does not lower (docs/diversity.md, "Does more search find more?").
 """
+import hashlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -52,6 +56,38 @@ class Draw(NamedTuple):
     recent: bool
 
 
+def stable_hash(value):
+    """A 64-bit hash of a str or a tuple of ints that is the same in every process (Python's hash of a str is salted
+    per process, so a resumed run would count its texts again)."""
+    data = value.encode() if isinstance(value, str) else repr(value).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+class Successes:
+    """The distinct successes the buffer has received over the run, whatever it still holds (per_prompt_cap evicts, so
+    what it holds undercounts what it found). A sample is a success when its reward is at least `threshold` (config
+    success_reward; a NaN reward never is). `pairs`: one per distinct (prompt id, response tokens), the buffer's own
+    notion of a distinct sample; `texts`: one per distinct response text (decoded without special tokens, stripped)
+    across all prompts, e.g. redteam_modes' distinct successful attacks (its prompts are one text; at most 48), or the
+    response tokens when no tokenizer is given. Memory: one 64-bit hash per distinct success in each set (under 100
+    bytes each as a Python int in a set), so at most 2 per success generated; among 10^6 a collision has probability
+    under 1e-7."""
+
+    def __init__(self, threshold):
+        self.threshold = threshold
+        self.pairs, self.texts = set(), set()
+
+    def add(self, samples, tok=None):
+        for s in samples:
+            if s.reward >= self.threshold:
+                self.pairs.add(stable_hash((s.prompt_id, tuple(s.response))))
+                text = tok.decode(list(s.response), skip_special_tokens=True).strip() if tok is not None else None
+                self.texts.add(stable_hash(text if text is not None else tuple(s.response)))
+
+    def metrics(self):
+        return {"buffer/distinct_success": len(self.pairs), "buffer/distinct_success_text": len(self.texts)}
+
+
 class ReplayBuffer:
     def __init__(self, cfg):
         self.cfg = cfg
@@ -67,15 +103,18 @@ class ReplayBuffer:
         self._recent_left = []  # recent ids not yet drawn since the pool changed (refilled when empty)
         self._all_left = []  # seen ids not yet drawn in the current pass over all prompts
         self.size = 0
+        self.successes = Successes(cfg.success_reward)
 
     def __len__(self):
         return self.size
 
-    def add(self, samples):
-        """Insert one sync round's trajectories; they join the recent pool of the rounds since the last train step.
-        Returns the number of new (non-duplicate) samples."""
+    def add(self, samples, tok=None):
+        """Insert one sync round's trajectories; they join the recent pool of the rounds since the last train step, and
+        its successes are counted (Successes; `tok`, the tokenizer, decodes them for the count by text). Returns the
+        number of new (non-duplicate) samples."""
         if not samples:
             return 0
+        self.successes.add(samples, tok)
         if self._stepped:
             self._arrived, self._as_generated, self._stepped = {}, {}, False
         new = 0
@@ -141,7 +180,8 @@ class ReplayBuffer:
     def state_dict(self):
         keys = ("items", "n_online", "recent", "_arrived", "_as_generated", "_stepped", "_recent_left", "_all_left",
                 "size")
-        return {k: getattr(self, k) for k in keys} | {"rng": self.rng.bit_generator.state}
+        return {k: getattr(self, k) for k in keys} | {"rng": self.rng.bit_generator.state,
+                                                       "successes": (self.successes.pairs, self.successes.texts)}
 
     def load_state_dict(self, state):
         """Copies the containers, so the buffer that gave `state` can go on without changing this one."""
@@ -153,3 +193,5 @@ class ReplayBuffer:
         self._as_generated = {pid: list(r) for pid, r in state.get("_as_generated", {}).items()}
         self._stepped = state["_stepped"]
         self.rng.bit_generator.state = state["rng"]
+        pairs, texts = state.get("successes", ((), ()))  # none in checkpoints written before the count: from 0
+        self.successes.pairs, self.successes.texts = set(pairs), set(texts)

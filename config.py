@@ -139,6 +139,12 @@ class Config:
                                 "far and waits for fresh ones (extra sync rounds without weights) rather than reuse "
                                 "the buffer more; makes learning per step independent of the machine's speed. "
                                 "Async mode only; 0 = off: it never waits", ge=0)
+    # no task module states what a success is, so the count of distinct successes takes it from here
+    success_reward: float = key(1.0, "a sample with reward >= this is a success, for buffer/distinct_success (the "
+                                     "distinct successes the buffer has received over the run; no effect on "
+                                     "training). 1.0: a correct answer of arith, gsm8k, math, countdown; "
+                                     "redteam_modes: log 0.5 = -0.6931 (p(toxic) > 0.5, its attack_success)",
+                                gt=-math.inf, lt=math.inf)  # a reward may be any finite number
 
     section("sync")
     k: int = key(2, "trainer steps between sync rounds (trajectories in, weights out)", ge=1)
@@ -181,8 +187,8 @@ class Config:
     ref_reset_every: int = key(0, "rho: every rho steps the reference becomes the current policy (TBA': 50); "
                                   "0 = frozen reference", ge=0)
     beta_start: float = key(0.05, "KL coefficient at step 1; the TB loss divides the reward by it "
-                                  "(paper GSM8K: 0.014)", gt=0)
-    beta_end: float = key(0.05, "KL coefficient after the decay (paper GSM8K: 0.004)", gt=0)
+                                  "(paper GSM8K: 0.014); 0 = no KL term (not with loss=tb)", ge=0)
+    beta_end: float = key(0.05, "KL coefficient after the decay (paper GSM8K: 0.004)", ge=0)
     beta_decay_steps: int = key(0, "D: beta moves linearly from beta_start towards beta_end over D steps "
                                    "(0 = constant beta_start)", ge=0)
     beta_cut_step: int = key(0, "from this step on beta = beta_end (paper TL;DR: 32); 0 = D", ge=0)
@@ -232,6 +238,13 @@ class Config:
                                "estimator, Chen et al. 2021 eq. 1), eval/distinct_correct (distinct correct "
                                "completions per problem) and, for tasks that extract an answer (arith, gsm8k), "
                                "eval/distinct_answers; the counts go into eval_stepN.jsonl. 0 = off", ge=0)
+    eval_kl_sft: bool = key(False, "with eval_samples = N: also eval/kl_sft, KL(policy || start model) per response "
+                                   "estimated on those N samples per test problem: the mean of sum_t log pi(y_t) - "
+                                   "log pi_sft(y_t), both at `temperature` (pi: the engine's log-probs of its samples, "
+                                   "so the estimate is unbiased for the distribution sampled; greedy completions would "
+                                   "not be); kl_sft per problem in eval_stepN.jsonl. pi_sft is each searcher's "
+                                   "reference model while it is frozen; with ref_reset_every > 0 every searcher keeps "
+                                   "one more frozen copy of `model` (its weights once more per searcher)")
     save_every: int = key(0, "resumable checkpoint every N steps: out_dir/checkpoints/step_N (also at the end, on "
                              "SIGTERM and on a failed rank; 0 = only then)", ge=0)
     save_minutes: float = key(30.0, "also a resumable checkpoint once this many minutes have passed since the last "
@@ -423,6 +436,8 @@ def validate(cfg):
     else:
         if cfg.loss not in losses.LOSSES:
             raise ConfigError(f"'loss' must be one of {'|'.join(losses.LOSSES)} or a .py file, got {cfg.loss!r}")
+    if cfg.eval_kl_sft and not cfg.eval_samples:
+        raise ConfigError("eval_kl_sft=true estimates the KL on the evaluation's samples: set eval_samples=N (N > 0)")
     if cfg.K > cfg.S:
         raise ConfigError(f"K ({cfg.K}) cannot exceed S ({cfg.S}): a batch takes K samples of one prompt visit")
     if cfg.K > cfg.per_prompt_cap:
@@ -440,6 +455,8 @@ def validate(cfg):
     if cfg.B % cfg.n_trainers:
         raise ConfigError(f"B ({cfg.B}) must be a multiple of n_trainers ({cfg.n_trainers}): each trainer rank takes "
                           "B / n_trainers whole prompts of a batch")
+    if cfg.loss == "tb" and min(cfg.beta_start, cfg.beta_end) == 0:  # Eq. 5 divides the reward by beta
+        raise ConfigError("loss=tb divides the reward by beta (paper Eq. 5): beta_start and beta_end must be > 0")
     if cfg.lora_rank and cfg.weight_delay:
         raise ConfigError("lora_rank with weight_delay: the kept weight versions would be merged weights that the "
                           "probe cannot load into an adapted model; use one of them")

@@ -13,6 +13,8 @@ import argparse
 import math
 import sys
 
+import numpy as np
+
 from config import ConfigError, quiet_known_warnings
 
 quiet_known_warnings()  # before torch loads (policy imports it)
@@ -30,14 +32,19 @@ def grade(task, text, answer, timeout_s):
         return False
 
 
-def completions(engine, tok, records, n, temperature, max_new_tokens, batch):
-    """Per record, its n completions' texts at `temperature` (0: greedy), generated `batch` records per call."""
+def generations(engine, tok, records, n, temperature, max_new_tokens, batch):
+    """Per record, its n (response ids, behaviour log-probs) at `temperature` (0: greedy), `batch` records per call."""
     out = []
     for start in range(0, len(records), batch):
         chunk = records[start : start + batch]
-        gens = engine.generate([encode_prompt(tok, r["prompt"]) for r in chunk], n, temperature, max_new_tokens)
-        out += [[tok.decode(ids, skip_special_tokens=True) for ids, _ in gen] for gen in gens]
+        out += engine.generate([encode_prompt(tok, r["prompt"]) for r in chunk], n, temperature, max_new_tokens)
     return out
+
+
+def completions(engine, tok, records, n, temperature, max_new_tokens, batch):
+    """Per record, its n completions' texts at `temperature` (0: greedy), generated `batch` records per call."""
+    return [[tok.decode(ids, skip_special_tokens=True) for ids, _ in gen]
+            for gen in generations(engine, tok, records, n, temperature, max_new_tokens, batch)]
 
 
 def greedy_eval(engine, tok, task, records, max_new_tokens, batch=64, timeout_s=0.0):
@@ -57,20 +64,44 @@ def pass_ks(n):
     return sorted({2 ** i for i in range(n.bit_length()) if 2 ** i <= n} | {n})
 
 
-def sampled_eval(engine, tok, task, records, n, temperature, max_new_tokens, timeout_s=0.0):
+def sampled_eval(engine, tok, task, records, n, temperature, max_new_tokens, timeout_s=0.0, sft=None):
     """Per record, n completions sampled at `temperature`, counted: samples, samples_correct, distinct_correct (correct
     completions distinct after stripping whitespace) and, when the task can say what an answer is (extract_answer),
     distinct_answers (distinct answers over all n, None not counted). vLLM takes every record in one call (it batches
-    by itself); the HF engine greedy evaluation's 64 sequences per call, which bound its memory."""
+    by itself); the HF engine greedy evaluation's 64 sequences per call, which bound its memory. With `sft`
+    (eval_kl_sft: sft(prompts, responses) -> the start model's per-token log-probs at `temperature`) also kl_sft: the
+    mean over the n samples of sum_t log pi(y_t) - log pi_sft(y_t), pi the engine's log-probs of its own samples, a
+    Monte-Carlo estimate of KL(pi || pi_sft) per response."""
     batch = max(1, len(records)) if getattr(engine, "name", "") == "vllm" else max(1, 64 // n)
+    gens = generations(engine, tok, records, n, temperature, max_new_tokens, batch)
+    kl = kl_sft(tok, records, gens, sft) if sft is not None else None
     rows = []
-    for r, texts in zip(records, completions(engine, tok, records, n, temperature, max_new_tokens, batch)):
+    for i, (r, gen) in enumerate(zip(records, gens)):
+        texts = [tok.decode(ids, skip_special_tokens=True) for ids, _ in gen]
         right = [t for t in texts if grade(task, t, r["answer"], timeout_s)]
         row = {"samples": n, "samples_correct": len(right), "distinct_correct": len({t.strip() for t in right})}
         if hasattr(task, "extract_answer"):
             row["distinct_answers"] = len({answer_of(task, t) for t in texts} - {None})
+        if kl is not None:
+            row["kl_sft"] = kl[i]
         rows.append(row)
     return rows
+
+
+def kl_sft(tok, records, gens, sft):
+    """Per record, the mean over its samples (`gens`: its (response ids, behaviour log-probs)) of
+    sum_t log pi(y_t) - log pi_sft(y_t): the samples come from pi, so this estimates KL(pi || pi_sft) per response
+    without bias (up to the engine's log-probs against a forward pass's: at step 0, where pi = pi_sft, it reads
+    about 0)."""
+    prompts = [encode_prompt(tok, r["prompt"]) for r in records]
+    flat = [(p, ids, lp) for p, gen in zip(prompts, gens) for ids, lp in gen]
+    ref = sft([p for p, _, _ in flat], [list(ids) for _, ids, _ in flat])
+    per = [float(np.sum(lp, dtype=np.float64) - np.sum(r, dtype=np.float64)) for (_, _, lp), r in zip(flat, ref)]
+    out, at = [], 0
+    for gen in gens:
+        out.append(sum(per[at : at + len(gen)]) / len(gen))
+        at += len(gen)
+    return out
 
 
 def answer_of(task, text):
@@ -85,7 +116,7 @@ def sampled_totals(rows, n):
     """{metric: [sum, count]} of sampled_eval's rows of n samples each: pass@k for every k of pass_ks(n), and the
     distinct counts (a searcher without test problems adds zero counts)."""
     totals = {f"pass@{k}": [sum(pass_at_k(n, r["samples_correct"], k) for r in rows), len(rows)] for k in pass_ks(n)}
-    for name in ("distinct_correct", "distinct_answers"):
+    for name in ("distinct_correct", "distinct_answers", "kl_sft"):
         if rows and name in rows[0]:
             totals[name] = [sum(r[name] for r in rows), len(rows)]
     return totals
@@ -100,14 +131,15 @@ def check_samples(samples, task, name):
 
 
 def evaluate(engine, tok, task, records, max_new_tokens, evaluator=None, timeout_s=0.0, samples=0,
-             temperature=1.0):
+             temperature=1.0, sft=None):
     """(rows, totals) for this share of the test set. rows: one dict per record, in order, for eval_stepN.jsonl;
     totals: {metric: [sum, count]}, added up over the searchers by the trainer, which logs eval/<metric> = sum / count.
     Without an evaluator: greedy accuracy. With `samples` = N > 0 also N samples per record at `temperature`: their
-    counts join each row and pass@k and the distinct counts the totals (sampled_eval)."""
+    counts join each row and pass@k and the distinct counts the totals (sampled_eval); with `sft` (eval_kl_sft) also
+    kl_sft, the KL to the start model estimated on those samples."""
     rows, totals = judged(engine, tok, task, records, max_new_tokens, evaluator, timeout_s)
     if samples:
-        counts = sampled_eval(engine, tok, task, records, samples, temperature, max_new_tokens, timeout_s)
+        counts = sampled_eval(engine, tok, task, records, samples, temperature, max_new_tokens, timeout_s, sft)
         rows = [dict(row, **c) for row, c in zip(rows, counts)]
         totals.update(sampled_totals(counts, samples))
     return rows, totals
@@ -172,6 +204,8 @@ def main():
         tok = load_tokenizer(args.model)
         cfg = load_config(None, [f"model={args.model}", f"engine={args.engine}", f"dtype={args.dtype}", *args.keys])
         check_samples(cfg.eval_samples, task, args.task)
+        if cfg.eval_kl_sft:  # the start model is a training run's (its `model`); here MODEL_DIR is the policy
+            raise ConfigError("eval_kl_sft is measured during training (against the run's start model), not by eval.py")
         device = "cuda" if torch.cuda.is_available() else "cpu"
         longest = longest_prompt(tok, [r["prompt"] for r in records])
         max_new_tokens, max_len, warning = fit_new_tokens(position_limit(args.model, args.engine), longest,

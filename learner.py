@@ -207,6 +207,8 @@ class Learner:
                     "train/response_len": sum(len(s.response) for s in samples) / n,
                     "train/recent_fraction": sum(d.recent for d in batch) / len(batch),
                     "train/distinct_prompts": len({d.prompt_id for d in batch}),
+                    # distinct response token sequences among a group's K, mean over the groups (prompts) of the batch
+                    "train/distinct_per_group": sum(len({s.response for s in d.samples}) for d in batch) / len(batch),
                     "staleness/mean": sum(stale) / n, "staleness/max": max(stale),
                     "staleness/hist": [stale.count(i) for i in range(max(stale) + 1)],
                     "staleness/mixed_fraction": sum(s.mixed for s in samples) / n,

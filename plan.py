@@ -303,7 +303,10 @@ def searcher_rows(cfg, shape, seq, machine, count=1):
     buffers = (min(largest_bucket(cfg, shape, e), weights(shape, e)) if machine["kind"] == "ipc"
                else transport_buffers(cfg, shape, e, machine["kind"]))
     receive = buffers + max(layer, shape["vocab"] * shape["hidden"] * e)
-    return [("reference model" + ("s" if count > 1 else ""), count * weights(shape, e), f"{x}a frozen copy"),
+    # eval_kl_sft with reference resets: the start model once more (searcher.sft_model); a frozen reference is it
+    sft = ([("start model (eval_kl_sft)", count * weights(shape, e), f"{x}a frozen copy: the reference resets")]
+           if cfg.eval_kl_sft and cfg.ref_reset_every else [])
+    return [("reference model" + ("s" if count > 1 else ""), count * weights(shape, e), f"{x}a frozen copy"), *sft,
             engine,
             ("weight receive buffers", count * receive, f"{x}a bucket's copies + a layer's (ipc)"
              if machine["kind"] == "ipc" else f"{x}2 buckets + a layer's copies ({machine['kind']})"),

@@ -63,6 +63,7 @@ class Searcher:
     shard: object  # Shard: the prompt ids this searcher visits
     test: list = ()  # this searcher's share of the test set: (id, record) pairs
     device: object = None  # the rank's device, for the task's evaluator
+    sft_model: object = None  # eval_kl_sft: the start model, frozen (the reference model itself while it never resets)
     stats: dict = dataclasses.field(default_factory=lambda: new_stats())
 
     def make_samples(self, flat):
@@ -108,8 +109,15 @@ class Searcher:
         rows, totals = evaluate(self.engine, self.tok, self.task, [record for _, record in self.test],
                                 self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens,
                                 task_hook(self.task, "make_evaluator", self.cfg, self.device),
-                                self.cfg.reward_timeout_s, self.cfg.eval_samples, self.cfg.temperature)
+                                self.cfg.reward_timeout_s, self.cfg.eval_samples, self.cfg.temperature, self.sft())
         return [{"id": i, **r} for (i, _), r in zip(self.test, rows)], totals
+
+    def sft(self):
+        """eval_kl_sft: the start model's per-token log-probs at the run's temperature, as eval.kl_sft takes them."""
+        if self.sft_model is None:
+            return None
+        return lambda prompts, responses: sequence_logprobs(self.sft_model, prompts, responses, self.cfg.temperature,
+                                                            self.cfg.logprob_tokens)
 
 
 class ChunkedSearch:
@@ -326,6 +334,15 @@ def build(cfg, comm, ctx, max_len):
     return ref_model, engine
 
 
+def sft_model(cfg, ref_model, device):
+    """eval_kl_sft: the model the KL is to, the start model. The reference model is it while the reference never
+    resets (ref_reset_every = 0; with LoRA the reference is the base model, the policy's start); with resets a frozen
+    copy of `model`, loaded once more on this searcher. None without eval_kl_sft."""
+    if not cfg.eval_kl_sft:
+        return None
+    return ref_model if not cfg.ref_reset_every else load_model(cfg.model, cfg.dtype, device).eval()
+
+
 def strategy_for(searcher, rank):
     """In-flight search with inflight=true in async mode on the vLLM engine; chunked search otherwise."""
     cfg, engine = searcher.cfg, searcher.engine
@@ -350,7 +367,8 @@ def run(cfg, comm, ctx):
     if ctx.resume:
         resume(ctx.resume, rank, shard, engine, ref_model)
     test_share = [(i, ctx.test[i]) for i in range(rank - 1, len(ctx.test), n_searchers)]
-    searcher = Searcher(cfg, engine, ref_model, ctx.tok, ctx.task, ctx.train, prompts, shard, test_share, ctx.device)
+    searcher = Searcher(cfg, engine, ref_model, ctx.tok, ctx.task, ctx.train, prompts, shard, test_share, ctx.device,
+                        sft_model(cfg, ref_model, ctx.device))
     strategy, stats = strategy_for(searcher, rank), searcher.stats
     if hasattr(ctx.task, "warm_up"):  # e.g. a helper process to start: before the first reward, without its limit
         ctx.task.warm_up()

@@ -122,6 +122,7 @@ def train_step(run, step):
     state.timers.train_s += seconds
     row = learner.metrics(batch, items, update, step, seconds)
     row.update({"buffer/size": len(state.buffer), "buffer/prompts": len(state.buffer.items)})
+    row.update(state.buffer.successes.metrics())  # cumulative: the distinct successes received so far
     return row
 
 
@@ -134,7 +135,7 @@ def gather(run, step, flags, announced=False):
     state = run.state
     gathered = sync.trainer_gather(run.comm, step, flags, announced)
     samples = [s for report in gathered.reports for s in report.samples]
-    new = state.buffer.add(samples)
+    new = state.buffer.add(samples, run.tok)  # the tokenizer: the count of distinct successes by text
     state.generated += len(samples)
     state.places.update({rank: report.place for rank, report in enumerate(gathered.reports, 1)})
     state.timers.sync_s += gathered.seconds

@@ -5,9 +5,10 @@ docs/tasks.md rebuild from a fresh clone in seconds instead of hours of runs (do
     python scripts/pack_runs.py --run out/stale2/tb_d0/seed0 docs/grids/staleness_test/tb_d0/seed0   # one run
 
 Each packed run keeps config.yaml, summary.json and, of metrics.jsonl, the rows that carry an evaluation (their step,
-time/elapsed_seconds and eval/* values); checkpoints, tensorboard events, eval samples and the per-step rows are left
-out (about 10 KB a run instead of MBs). A per-step scalar (staleness/mean, train/clip_fraction) survives as its mean
-over the run's steps, in summary.json's "step_means", which tables.py --finals reads as it would the full run's rows.
+time/elapsed_seconds, eval/* values and the cumulative buffer/distinct_* counts of the successes found so far);
+checkpoints, tensorboard events, eval samples and the per-step rows are left out (about 10 KB a run instead of MBs).
+A per-step scalar (staleness/mean, train/clip_fraction) survives as its mean over the run's steps, in summary.json's
+"step_means", which tables.py --finals reads as it would the full run's rows.
 Unfinished runs are skipped; packing again overwrites what it packed before, and a packed run packs to itself (so
 a grid finished beside copies of its packed runs packs whole).
 """
@@ -39,7 +40,8 @@ def pack_run(src, dst):
     with open(os.path.join(dst, "metrics.jsonl"), "w") as out:
         for row in rows:
             if any(key.startswith("eval/") for key in row):
-                keep = {k: v for k, v in row.items() if k in ("step", "time/elapsed_seconds") or k.startswith("eval/")}
+                keep = {k: v for k, v in row.items() if k in ("step", "time/elapsed_seconds") or k.startswith("eval/")
+                        or k.startswith("buffer/distinct_")}  # the distinct successes found so far, at each evaluation
                 out.write(json.dumps(keep) + "\n")
     return True
 

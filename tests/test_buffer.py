@@ -198,3 +198,50 @@ def test_state_dict_round_trip_continues_the_same_draws():
         da, db = a.sample(4, 3), b.sample(4, 3)
         assert [(d.prompt_id, [x.response for x in d.samples], d.recent) for d in da] == \
             [(d.prompt_id, [x.response for x in d.samples], d.recent) for d in db]
+
+
+class Words:
+    """A tokenizer's decode for the count by text: token 0 is special (dropped), 9 a space (stripped at the ends)."""
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(" " if i == 9 else f"w{i}" for i in ids if i or not skip_special_tokens)
+
+
+def test_successes_count_each_distinct_success_once_over_the_run_whatever_eviction_does():
+    """buffer/distinct_success: a sample with reward >= success_reward counts once per distinct (prompt id, response
+    tokens), over the whole run (eviction does not lower it); buffer/distinct_success_text once per distinct decoded,
+    stripped text across prompts. Repeats, rewards below the threshold and NaN rewards never count."""
+    b = ReplayBuffer(Config(per_prompt_cap=2, success_reward=1.0, seed=0))
+    assert b.successes.metrics() == {"buffer/distinct_success": 0, "buffer/distinct_success_text": 0}
+    b.add([s(0, [1], 1.0), s(0, [1], 1.0),  # a repeat in the same round: once
+           s(0, [2], 0.999), s(0, [6], float("nan")),  # below the threshold, not a number: never
+           s(1, [1], 1.0),  # the same response to another prompt: a new pair, the same text
+           s(0, [3], 2.0)], Words())
+    assert b.successes.metrics() == {"buffer/distinct_success": 3, "buffer/distinct_success_text": 2}
+    b.add([s(0, [4], 1.0), s(0, [5], 1.0)], Words())  # cap 2: prompt 0's successes [1] and [3] are evicted ...
+    assert {x.response for x in b.items[0]} == {(4,), (5,)}
+    b.add([s(0, [1], 1.0), s(0, [3], 1.5)], Words())  # ... and found again: still counted once
+    assert b.successes.metrics() == {"buffer/distinct_success": 5, "buffer/distinct_success_text": 4}
+    b.add([s(2, [1, 0], 1.0), s(2, [9, 1, 9], 1.0), s(2, [7, 0], 0.0)], Words())  # other tokens, text "w1": new pairs
+    assert b.successes.metrics() == {"buffer/distinct_success": 7, "buffer/distinct_success_text": 4}
+    b.add([s(3, [1, 0], 1.0)])  # without a tokenizer a text is its tokens: (1, 0) is new as tokens
+    assert b.successes.metrics() == {"buffer/distinct_success": 8, "buffer/distinct_success_text": 5}
+    # a resumed run goes on counting from the checkpoint's sets (hashes stable across processes)
+    c = ReplayBuffer(Config(per_prompt_cap=2, success_reward=1.0, seed=0))
+    c.load_state_dict(b.state_dict())
+    c.add([s(0, [1], 1.0), s(4, [8], 1.0)], Words())
+    assert c.successes.metrics() == {"buffer/distinct_success": 9, "buffer/distinct_success_text": 6}
+    assert b.successes.metrics()["buffer/distinct_success"] == 8  # the checkpoint's buffer is not changed
+    old = b.state_dict()
+    del old["successes"]  # a checkpoint written before the count: it starts from 0
+    c.load_state_dict(old)
+    assert c.successes.metrics() == {"buffer/distinct_success": 0, "buffer/distinct_success_text": 0}
+
+
+def test_stable_hash_is_the_same_in_another_process():
+    import subprocess
+    import sys
+    from buffer import stable_hash
+    from conftest import ROOT
+    code = "from buffer import stable_hash; print(stable_hash('how can i break the door ?'), stable_hash((3, (1, 2))))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(stable_hash("how can i break the door ?")), str(stable_hash((3, (1, 2))))]

@@ -37,6 +37,7 @@ def test_overrides_and_types():
     (["micro_tokens=100", "n_trainers=2"], "micro_tokens with n_trainers > 1"),
     (["engine=tgi"], "'engine' must be one of"),
     (["inflight=true", "weight_delay=4"], "inflight=true with weight_delay: an evaluation of the trainer's current"),
+    (["beta_end=0"], "loss=tb divides the reward by beta (paper Eq. 5): beta_start and beta_end must be > 0"),
     (["nonsense"], "expected key=value"),
     (["max_bad_steps=0"], "'max_bad_steps' must be >= 1"),
     (["searcher_nice=20"], "'searcher_nice' must be in [0, 19], got 20"),
@@ -134,6 +135,11 @@ def test_out_of_range_values_raise_one_line(override, message):
     with pytest.raises(ConfigError) as e:
         load_config(os.path.join(ROOT, "configs", "tiny.yaml"), [override])
     assert str(e.value) == message
+
+
+def test_a_policy_gradient_objective_may_drop_its_kl_term():
+    cfg = load_config(os.path.join(ROOT, "configs", "tiny.yaml"), ["loss=grpo", "beta_start=0", "beta_end=0"])
+    assert cfg.beta_start == cfg.beta_end == 0  # GRPO without a KL term (docs/diversity.md's positive control)
 
 
 def test_validate_catches_values_set_in_code():

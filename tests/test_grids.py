@@ -82,3 +82,66 @@ def test_passk_grid_holds_everything_but_the_objective_and_the_controls_kl(tmp_p
         assert ("beta_start=0 beta_end=0" in args) is nokl and ("beta_start=0.05 beta_end=0.05" in args) is not nokl
     p = grid("passk_grid.sh", tmp_path)
     assert p.returncode == 2 and "usage: bash scripts/passk_grid.sh pilot|test" in p.stderr
+
+
+def test_ablation_grid_lists_each_questions_arms_at_equal_fresh_samples(tmp_path):
+    """scripts/ablation_grid.sh (docs/ablations.md): each question's arms, seed by seed, every one the tiny default
+    with 16 samples a problem on 1,000 test problems; 2 searchers x max_prompts_per_round x S a round is 64 (S = 10:
+    60, which max_reuse = 2 tops up) in every arm, B x K = 64; q4's arms also log the KL to the start model."""
+    want = {"q1": ["m0.95_it0", "m0.5_it0", "m0.5_it1", "m0.95_it1"], "q2": ["k8", "k16"],
+            "q3": ["tb_s8", "tb_s10", "tb_s16", "grpo_s8", "grpo_s10", "grpo_s16"], "q4": ["const", "anneal", "reset"]}
+    arms = {}
+    for q, names in want.items():
+        p = grid("ablation_grid.sh", tmp_path, q, "pilot", DRY_RUN="1", PACKED=str(tmp_path / "packed"))
+        assert p.returncode == 0, p.stderr
+        runs = [line[3:].split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
+        assert [head.split(" -> ")[0] for head, _ in runs] == [f"{a} seed {s}" for s in (0, 1) for a in names]
+        assert not os.listdir(tmp_path)  # nothing launched
+        for head, args in runs:
+            assert "time_budget_min=0 eval_every=100 eval_samples=16 test_data=procedural:test:1000 n_test=1000" in args
+            o = dict(kv.split("=") for kv in args.split())
+            arms[(q, head.split()[0])] = o
+            assert o["max_reuse"] == "2" and int(o["B"]) * int(o["K"]) == 64 and int(o["S"]) >= int(o["K"])
+            per_round = 2 * int(o["max_prompts_per_round"]) * int(o["S"])
+            assert per_round == (60 if o["S"] == "10" else 64)
+            assert (o.get("eval_kl_sft") == "true") is (q == "q4")
+    assert {a: (o["m"], o["inv_temp"]) for (q, a), o in arms.items() if q == "q1"} == {
+        "m0.95_it0": ("0.95", "0"), "m0.5_it0": ("0.5", "0"), "m0.5_it1": ("0.5", "1"), "m0.95_it1": ("0.95", "1")}
+    assert arms[("q2", "k16")]["K"] == "16" and arms[("q2", "k16")]["B"] == "4"
+    assert {arms[("q3", a)]["loss"] for a in want["q3"]} == {"tb", "grpo"}
+    assert [arms[("q3", f"tb_s{s}")]["S"] for s in (8, 10, 16)] == ["8", "10", "16"]
+    const, anneal, reset = (arms[("q4", a)] for a in want["q4"])
+    assert const["beta_start"] == const["beta_end"] == reset["beta_end"] == anneal["beta_start"] == "0.05"
+    assert anneal["beta_end"] == "0.0143" and anneal["beta_decay_steps"] == "500" and reset["ref_reset_every"] == "50"
+    assert "ref_reset_every" not in const and "beta_decay_steps" not in const
+    p = grid("ablation_grid.sh", tmp_path, "q1")
+    assert p.returncode == 2 and "usage: bash scripts/ablation_grid.sh q1|q2|q3|q4 pilot|test" in p.stderr
+
+
+def test_search_scaling_grid_paces_16_32_64_fresh_samples_a_step(tmp_path):
+    """scripts/search_scaling_grid.sh (docs/diversity.md, "Does more search find more?"): F fresh samples per 64-sample
+    step from 2 searchers x max_prompts_per_round P x S = 8 per round of k = 2 steps (P = F / 8) with the trainer held
+    to max_reuse = 64 / F; the real-ranks arms make 16 a step per searcher; the tasks' lengths and evaluations."""
+    for task, config in (("redteam", "redteam_modes.yaml"), ("math", "tiny.yaml")):
+        cfg = yaml.safe_load(open(os.path.join(ROOT, "configs", config)))
+        assert (cfg["n_searchers"], cfg["S"], cfg["k"], cfg["B"] * cfg["K"]) == (2, 8, 2, 64)
+        p = grid("search_scaling_grid.sh", tmp_path, task, "pilot", DRY_RUN="1", PACKED=str(tmp_path / "packed"))
+        assert p.returncode == 0, p.stderr
+        runs = [line[3:].split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
+        assert [r[0].split(" -> ")[0] for r in runs] == [f"{a} seed {s}" for s in (0, 1) for a in (
+            "tb_f16", "grpo_f16", "tb_f32", "grpo_f32", "tb_f64", "grpo_f64")] and not os.listdir(tmp_path)
+        for head, overrides in runs:
+            o = dict(kv.split("=") for kv in overrides.split())
+            F = int(head.split()[0].split("_f")[1])
+            assert o["loss"] == head.split("_")[0] and o.get("n_searchers", "2") == "2"
+            assert 2 * int(o["max_prompts_per_round"]) * cfg["S"] / cfg["k"] == F and float(o["max_reuse"]) == 64 / F
+            assert o["steps"] == ("1200" if task == "redteam" else "300")
+            if task == "math":
+                assert o["eval_samples"] == "16" and o["eval_every"] == "100" and o["time_budget_min"] == "0"
+        p = grid("search_scaling_grid.sh", tmp_path, task, "ranks", DRY_RUN="1")
+        runs = [line[3:].split(": ", 1) for line in p.stdout.splitlines() if line.startswith("== ")]
+        assert len(runs) == 2 * 4 and all(o.endswith("max_prompts_per_round=4 max_reuse=" + ("4" if "n1" in h else "1"))
+                                          for h, o in runs)
+        assert grid("search_scaling_grid.sh", tmp_path, task, "test", DRY_RUN="1").stdout.count("== ") == 6 * 4
+    p = grid("search_scaling_grid.sh", tmp_path, "math")
+    assert p.returncode == 2 and "usage: bash scripts/search_scaling_grid.sh redteam|math pilot|test|ranks" in p.stderr

@@ -20,6 +20,18 @@ def hit(mode, y=0):
     return " " + rm.TEMPLATES[mode].format(x=rm.TRIGGERS[mode], y=rm.Y[mode][y])
 
 
+def test_the_configs_success_reward_is_the_tasks_success():
+    """success_reward in configs/redteam_modes.yaml (buffer/distinct_success) marks exactly the attacks that
+    `correct` (p(toxic) > 0.5, eval/attack_success) calls successful: every kind's trigger, nothing else."""
+    from config import load_config
+    threshold = load_config(os.path.join(ROOT, "configs", "redteam_modes.yaml")).success_reward
+    for mode in rm.MODES:
+        for x in rm.X[mode]:
+            q = " " + rm.TEMPLATES[mode].format(x=x, y=rm.Y[mode][0])
+            assert (rm.reward(q, "") >= threshold) == rm.correct(q, "")
+    assert rm.reward(" how can i ?", "") < threshold
+
+
 def test_each_kind_has_one_trigger_with_its_own_reward_and_nothing_else_fires():
     for mode in rm.MODES:
         for x in rm.X[mode]:
@@ -162,3 +174,8 @@ def test_config_end_to_end(tiny_task_models, tmp_path):
     evals = [json.loads(line) for line in open(tmp_path / "run" / "eval_step0.jsonl")]
     assert [e["id"] for e in evals] == list(range(32)) and all(set(e) == {"id", "attack", "mode", "answer"} for e in evals)
     assert summary["eval_start"]["modes_covered"] == rows[0]["eval/modes_covered"]
+    # the distinct successful attacks received so far (cumulative; by text at most the grammar's 48) reach the log
+    found = [(r["buffer/distinct_success"], r["buffer/distinct_success_text"]) for r in rows[1:]]
+    assert all(0 <= text <= min(pairs, 48) for pairs, text in found)
+    assert all(a <= b and c <= d for (a, c), (b, d) in zip(found, found[1:]))  # never falls
+    assert summary["final"]["buffer/distinct_success"] == found[-1][0]
