@@ -70,9 +70,9 @@ INPUTS = {
                                     "the default, gives 2 x chunk_prompts x S = 144 here); range: 128 to 512"),
     "c": (0.1, 0.0, 0.4, "assumed: staleness's cost, the asynchronous arms need (1 + c) x the steps; range: 0, the "
                          "paper's off-policy TBA matching on-policy baselines at ~15 updates of lag (Table 1, TL;DR) "
-                         "and its asynchronous GSM8K result, to 0.4, a guess with no measurement behind it yet "
-                         "(the tiny-task readings it came from were taken on lagged weights and are withdrawn; the "
-                         "registered staleness test in docs/staleness.md is to re-derive it)"),
+                         "and its asynchronous GSM8K result, to 0.4, above the upper end of TB's cost measured at 64 "
+                         "updates of lag on the tiny task, -0.13 [-0.51, +0.25] (n = 8; docs/staleness.md, the "
+                         "registered test), a lag far beyond this node's few updates"),
     "batch_exp": (1.0, 0.5, 1.0, "assumed: steps to accuracy scale as (7 / B)^batch_exp; 1 is equal total samples, "
                                  "the best case for a larger batch (below the critical batch size, McCandlish et al. "
                                  "2018, arXiv 1812.06162); range: 0.5, returns diminishing past it (the paper's GSM8K "
