@@ -80,8 +80,16 @@ def test_passk_grid_holds_everything_but_the_objective_and_the_controls_kl(tmp_p
         assert "time_budget_min=0 eval_every=100 eval_samples=16" in args
         nokl = "grpo_nokl" in head
         assert ("beta_start=0 beta_end=0" in args) is nokl and ("beta_start=0.05 beta_end=0.05" in args) is not nokl
+        assert "steps=1000 " in args  # the registered length
+    # the control's fallback (the pilot's amendment): grpo_nokl alone, seed 0, 2000 steps; the test can follow it there
+    p = grid("passk_grid.sh", tmp_path, "control", DRY_RUN="1", PACKED=str(tmp_path / "packed"))
+    assert [line.split(" -> ")[0] for line in p.stdout.splitlines() if line.startswith("== ")] == ["== grpo_nokl seed 0"]
+    assert "steps=2000 " in p.stdout and "loss=grpo beta_start=0 beta_end=0" in p.stdout
+    p = grid("passk_grid.sh", tmp_path, "test", DRY_RUN="1", STEPS="2000", PACKED=str(tmp_path / "packed"))
+    heads = [line for line in p.stdout.splitlines() if line.startswith("== ")]
+    assert len(heads) == 24 and all("steps=2000 " in h and "_2000/" in h for h in heads)
     p = grid("passk_grid.sh", tmp_path)
-    assert p.returncode == 2 and "usage: bash scripts/passk_grid.sh pilot|test" in p.stderr
+    assert p.returncode == 2 and "usage: bash scripts/passk_grid.sh pilot|test|control" in p.stderr
 
 
 def test_ablation_grid_lists_each_questions_arms_at_equal_fresh_samples(tmp_path):
