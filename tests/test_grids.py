@@ -11,8 +11,10 @@ from conftest import ROOT
 
 
 def grid(script, tmp_path, *args, **env):
+    # PACKED: an empty folder unless a test names one, so no test depends on the runs the repository has packed
+    env = {"OUT": str(tmp_path), "PACKED": str(tmp_path.parent / f"{tmp_path.name}_nothing_packed"), **env}
     return subprocess.run(["bash", os.path.join(ROOT, "scripts", script), *args], capture_output=True, text=True,
-                          env={**os.environ, "OUT": str(tmp_path), **env}, timeout=60)
+                          env={**os.environ, **env}, timeout=60)
 
 
 @pytest.mark.parametrize("script,arm", [("redteam_grid.sh", "tb_b0.1"), ("tldr_grid.sh", "online_dpo_d14")])
