@@ -186,6 +186,7 @@ class Timers:
     def __init__(self):
         self.train_s = self.sync_s = self.eval_s = 0.0  # in train steps / sync rounds (with evaluation) / evaluation
         self.rounds = 0
+        self.load_s_unlogged = 0.0  # weight loads reported in rounds whose rows are not logged (trainer.gather)
         self.t_start = time.perf_counter()  # the run's start (earlier by the checkpoint's elapsed seconds on resume)
         self.loop_before = self.loop_cpu_before = 0.0  # training loop seconds (wall, CPU) before the resume
         self.t_loop = self.c_loop = None  # when this process's training loop started (wall, CPU)

@@ -129,9 +129,10 @@ def train_step(run, step):
 # ---------------------------------------------------------------- the trainer's side of a sync round (sync.py)
 
 
-def gather(run, step, flags, announced=False):
+def gather(run, step, flags, announced=False, logged=True):
     """Round steps 0-1: the searchers' trajectories into the buffer, their shard places kept for checkpoints, their
-    failed rewards counted (max_reward_errors). Returns the round's search metrics."""
+    failed rewards counted (max_reward_errors). Returns the round's search metrics. logged=False: a round whose row
+    is not logged (wait_for_fresh's, the initial fill's); its weight-load seconds go into the next logged row."""
     state = run.state
     gathered = sync.trainer_gather(run.comm, step, flags, announced)
     samples = [s for report in gathered.reports for s in report.samples]
@@ -149,10 +150,12 @@ def gather(run, step, flags, announced=False):
            # time (evaluations left out) that it did none of them: waiting for a round, in one, or for weights
            "search/generate_seconds": (gen_s - ref_s - reward_s) / len(reports),
            "search/ref_seconds": ref_s / len(reports), "search/reward_seconds": reward_s / len(reports),
-           "search/load_seconds": sum(r.load_s for r in reports) / len(reports),  # the last round's weights
+           # the weights of the last round, and of those since the last logged row (wait_for_fresh's, the fill's)
+           "search/load_seconds": sum(r.load_s for r in reports) / len(reports) + state.timers.load_s_unlogged,
            "search/idle_ratio": max(0.0, 1 - gen_s / window_s) if window_s > 0 else 0.0,
            "search/reward_errors": sum(r.reward_errors for r in gathered.reports),
            "search/reward_timeouts": sum(r.reward_timeouts for r in gathered.reports)}
+    state.timers.load_s_unlogged = 0.0 if logged else row["search/load_seconds"]
     state.rewards.add(len(samples), row["search/reward_errors"])
     if samples:
         row["search/reward_mean"] = sum(s.reward for s in samples) / len(samples)
@@ -216,7 +219,7 @@ def wait_for_fresh(run):
             raise failures.stop_reason(cfg, state, run.signalled, {})
         if cfg.time_budget_min and state.timers.elapsed() / 60 > cfg.time_budget_min:
             break
-        if gather(run, state.step, Flag.NONE)["sync/samples"]:
+        if gather(run, state.step, Flag.NONE, logged=False)["sync/samples"]:
             last_sample = time.perf_counter()
         elif time.perf_counter() - last_sample > cfg.timeout_s:
             raise Stop(f"the searchers sent no sample for timeout_s = {cfg.timeout_s} s while max_reuse = "
@@ -306,7 +309,7 @@ def run(cfg, comm, ctx):
             state.timers.eval_s = 0.0  # counts evaluation inside the training loop only
         state.timers.start_loop()  # the loop's clock includes the initial buffer fill: an asynchronous head start
         while cfg.asynchronous and len(state.buffer) < cfg.initial_buffer:  # rounds that only gather
-            gather(run, start, Flag.NONE)
+            gather(run, start, Flag.NONE, logged=False)
         saved_at = time.monotonic()  # save_minutes counts from here
         progress = runlog.Progress(start, cfg.steps, cfg.progress)
         for step in range(start + 1, cfg.steps + 1):

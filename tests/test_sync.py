@@ -231,3 +231,10 @@ def test_a_round_breaks_the_searchers_time_down_and_says_how_idle_they_were():
     assert row["search/idle_ratio"] == pytest.approx(1 - 3.0 / 8.0)
     assert row["search/load_seconds"] == pytest.approx(0.2)
     assert row["search/tokens_per_s"] == pytest.approx(150 / 3.0) and row["sync/samples"] == 1
+    # a round whose row is not logged (wait_for_fresh's) hands its weight-load seconds on to the next logged row
+    run.comm.reports = [sync.Report([], 0, 0.0, 0.0, 0.0, 1.0, 0.4, 0, 0, None)] * 2
+    assert trainer.gather(run, 1, Flag.NONE, logged=False)["search/load_seconds"] == pytest.approx(0.4)
+    run.comm.reports = [sync.Report([], 0, 0.0, 0.0, 0.0, 1.0, 0.0, 0, 0, None)] * 2
+    assert trainer.gather(run, 1, Flag.NONE, logged=False)["search/load_seconds"] == pytest.approx(0.4)
+    assert trainer.gather(run, 2, Flag.NONE)["search/load_seconds"] == pytest.approx(0.4)
+    assert trainer.gather(run, 3, Flag.NONE)["search/load_seconds"] == 0.0
