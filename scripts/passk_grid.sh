@@ -14,9 +14,10 @@ cd "$(dirname "$0")/.."
 if [ -x .venv/bin/python ]; then PY=.venv/bin/python; else PY=python3; fi
 [ "${1:-}" = control ] && STEPS=${STEPS:-2000}
 STEPS=${STEPS:-1000}  # the registered 1000; 2000 is the control's fallback (docs/diversity.md)
-M="steps=$STEPS time_budget_min=0 eval_every=100 eval_samples=16 beta_start=0.05 beta_end=0.05"
+E="steps=$STEPS time_budget_min=0 eval_every=100 eval_samples=16"  # every arm; the objectives add their KL weight
+M="$E beta_start=0.05 beta_end=0.05"
 declare -A ARM=([tb]="$M loss=tb" [grpo]="$M loss=grpo" [rloo]="$M loss=rloo"
-                [grpo_nokl]="steps=$STEPS time_budget_min=0 eval_every=100 eval_samples=16 loss=grpo beta_start=0 beta_end=0")
+                [grpo_nokl]="$E loss=grpo beta_start=0 beta_end=0")
 ORDER="tb grpo rloo grpo_nokl"
 case "${1:-}" in
   pilot) SEEDS=${SEEDS:-"0 1"}; OUT=${OUT:-out/passk/pilot}; PACKED=${PACKED:-docs/grids/passk_pilot} ;;
