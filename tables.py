@@ -564,7 +564,7 @@ def plot_forest(forest, path, xlabel):
     ax.set_yticks(range(len(forest)), [label for label, *_ in reversed(forest)])
     ax.set_xlabel(xlabel)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # long axis labels stay whole
     print(f"plot: {path}")
 
 
