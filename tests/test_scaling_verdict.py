@@ -4,6 +4,7 @@ rule's verdict, the positive control that gates it, the pilot's read step and se
 the emulated arms; scripts/pack_runs.py keeps the buffer counts the reader needs."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -70,6 +71,15 @@ def test_primary_slope_interval_and_verdict(tmp_path):
     assert "control: passes" in out and table["tb F=64 seed 3"] == ["668 at 600", "1336 at 1200", "rises"]
     assert table["1 searcher(s), F=16"][:4] == ["4", "2.3", "4", "+20"]  # (200 + 16 - 80) / 60 minutes
     assert table["2 searcher(s), F=32"][3] == "(the same runs)"
+    # real ranks on seeds 0-1 only: n = 2's wall-clock is read on those seeds, not on the emulated arm's others
+    for s in (2, 3):
+        for n in (1, 4):
+            shutil.rmtree(tmp_path / f"tb_n{n}" / f"seed{s}")
+        summary = tmp_path / "tb_f32" / f"seed{s}" / "summary.json"
+        json.dump({**json.load(open(summary)), "loop_seconds": 9999.0}, open(summary, "w"))
+    table, _ = verdict(tmp_path)
+    assert table["2 searcher(s), F=32"][:2] == ["2", "2.5"]  # (200 + 32 - 80) / 60 on seeds 0-1
+    assert table["1 searcher(s), F=16"][:4] == ["2", "2.3", "2", "+20"]
     assert os.path.isfile(tmp_path / "forest.png") or "plot:" not in out
 
 
