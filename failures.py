@@ -114,12 +114,20 @@ def catch_signals():
     return signalled
 
 
+def mark(store, key, value):
+    """store.set that returns only once the store holds the key. A TCPStore client sends a set without waiting for a
+    reply, so a rank that sets and exits can be gone before its mark lands, and rank 0 would read a requested exit
+    or a reported error as a death; the check after it, on the same connection, is answered only after the set."""
+    store.set(key, value)
+    store.check([key])
+
+
 def leave_on_signal(store, rank):
     """Searchers: SIGTERM / SIGINT mark this exit as requested ("left/<rank>", not a crash) and leave at once; the
     trainer saves the checkpoint."""
     def leave(signum, frame):
         try:
-            store.set(f"left/{rank}", str(signum))
+            mark(store, f"left/{rank}", str(signum))
         except Exception:  # the store may be gone already (the whole job is stopping)
             pass
         os._exit(128 + signum)
@@ -130,7 +138,7 @@ def leave_on_signal(store, rank):
 def report(store, rank, error):
     """A rank that raised: its error under "failed/<rank>" before it tears down, for rank 0's diagnosis."""
     try:
-        store.set(f"failed/{rank}", f"{type(error).__name__}: {first_line(error)}")
+        mark(store, f"failed/{rank}", f"{type(error).__name__}: {first_line(error)}")
     except Exception:  # the store is gone: rank 0 finds the dead process instead
         pass
 
@@ -163,18 +171,18 @@ def dead(state):
 
 
 def problems(store, prefix, name, ranks, world_rank):
-    """(dead or stopped, failed) phrases for the ranks registered under prefix + "pid/<r>": a process on this node
-    that is gone or stopped; a rank that wrote prefix + "failed/<r>" (report). A rank that left on a signal
-    (leave_on_signal) did not die."""
+    """(dead or stopped, failed) phrases for the ranks registered under prefix + "pid/<r>": a rank that wrote
+    prefix + "failed/<r>" (report), gone yet or not; else a process on this node that is gone or stopped. A rank that
+    left on a signal (leave_on_signal) did not die."""
     broken, failed = [], []
     for r in ranks:
         pid, state = rank_state(store, f"{prefix}pid/{r}")
-        if dead(state) and not store.check([f"{prefix}left/{r}"]):
+        if store.check([f"{prefix}failed/{r}"]):  # its own error says more than its death after it
+            failed.append(f"{name} rank {world_rank(r)} failed: {store.get(f'{prefix}failed/{r}').decode()}")
+        elif dead(state) and not store.check([f"{prefix}left/{r}"]):
             broken.append(f"{name} rank {world_rank(r)} (pid {pid}) died")
         elif state == "T":
             broken.append(f"{name} rank {world_rank(r)} (pid {pid}) is stopped")
-        elif store.check([f"{prefix}failed/{r}"]):
-            failed.append(f"{name} rank {world_rank(r)} failed: {store.get(f'{prefix}failed/{r}').decode()}")
     return broken, failed
 
 

@@ -6,6 +6,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 
@@ -382,6 +383,49 @@ def test_a_resume_keeps_the_reward_window(tiny_model, tmp_path):
     resumed.rewards.add(64, 0)  # and it goes on judging the same window
     state.rewards.add(64, 0)
     assert list(resumed.rewards.rounds) == list(state.rewards.rounds)
+
+
+def slow_store_port(port, delay_s):
+    """A local port that forwards to the store at `port`, delaying what clients send by delay_s: a store server
+    slow to read, as torchrun's agent is on a loaded node."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def pipe(src, dst, delay):
+        try:
+            while data := src.recv(65536):
+                time.sleep(delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+    def serve():
+        while True:
+            client, _ = listener.accept()
+            server = socket.create_connection(("127.0.0.1", port))
+            threading.Thread(target=pipe, args=(client, server, delay_s), daemon=True).start()
+            threading.Thread(target=pipe, args=(server, client, 0), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("key, act", [
+    ("left/1", "failures.leave_on_signal(store, 1); os.kill(os.getpid(), signal.SIGTERM); time.sleep(30)"),
+    ("failed/1", "failures.report(store, 1, ValueError('boom')); os._exit(1)"),
+], ids=["left", "failed"])
+def test_a_rank_is_gone_only_after_its_mark_is_in_the_store(key, act):
+    """A searcher's "left" (SIGTERM) and "failed" marks are in the store before its process is gone, however slow the
+    store is to read them: rank 0 reads a dead process without one as a death (a job-wide SIGTERM once ended
+    "searcher rank 1 died", exit 1, since a TCPStore set does not wait for the server)."""
+    master = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    child = (f"import os, signal, sys, time; sys.path.insert(0, {ROOT!r}); import failures, torch.distributed\n"
+             f"store = torch.distributed.TCPStore('127.0.0.1', {slow_store_port(master.port, 0.5)}, is_master=False)\n"
+             f"{act}\n")
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert proc.returncode in (1, 128 + signal.SIGTERM), proc.stderr[-2000:]
+    assert master.check([key]), f"{key} not in the store when its rank was gone"
 
 
 def test_a_searcher_that_raises_is_named_with_its_error(tiny_model, tmp_path):
