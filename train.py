@@ -9,6 +9,7 @@ search (searcher.py); N = n_trainers + n_searchers.
 """
 import datetime
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -58,6 +59,21 @@ def pin_gpu(gpus, local_world, local_rank):
         os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index]
 
 
+def stop_during_startup(rank):
+    """Until the loop's own handlers replace it (trainer.begin: failures.catch_signals; searcher.run:
+    failures.leave_on_signal), SIGINT / SIGTERM end a rank at once, rank 0 with one line: start-up (imports, model
+    loads, engine builds: minutes on a GPU) has no step to save, and Python's SIGINT default is a traceback a rank."""
+    def stop(signum, frame):
+        if rank == 0:
+            print(f"stopped by {signal.Signals(signum).name} during start-up, before the first step: nothing to save",
+                  file=sys.stderr, flush=True)
+        os._exit(128 + signum)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+
+
+if __name__ == "__main__" and "RANK" in os.environ:  # a torchrun rank, from before its torch import
+    stop_during_startup(int(os.environ["RANK"]))
 quiet_known_warnings()
 LOCAL_RANK, LOCAL_WORLD = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 GPUS = visible_gpus()  # the node's GPUs, before pin_gpu narrows CUDA_VISIBLE_DEVICES (--prepare reads them)
@@ -274,6 +290,10 @@ def main():
     try:
         searcher.run(cfg, comm, ctx)
     except failures.Stop:  # a collective of a round failed: rank 0 names the rank behind it
+        sys.exit(1)
+    except torch.distributed.DistNetworkError as e:  # torchrun's agent, which holds the store, is gone (kill -9)
+        print(f"error: searcher rank {comm.rank + comm.offset}: the job's store is gone ({failures.first_line(e)})",
+              file=sys.stderr)
         sys.exit(1)
     except Exception as e:  # this searcher's own failure: rank 0 names it with this error
         failures.report(comm.store, comm.rank, e)

@@ -95,3 +95,19 @@ def tiny_task_models(tiny_model):
     for path in ("tiny-tldr", "tiny-redteam", "tiny-redteam-modes", "tiny-tldr-mini"):
         check_shipped(os.path.join(ASSETS, path))
     return ASSETS
+
+
+def workers(job):
+    """{RANK: pid} of the torchrun job's worker processes."""
+    found = {}
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            if ppid == job.pid:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+                rank = next(int(e[5:]) for e in env if e.startswith(b"RANK="))
+                found[rank] = int(pid)
+        except (OSError, StopIteration, ValueError):
+            continue
+    return found

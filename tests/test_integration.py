@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, free_port, torchrun
+from conftest import ROOT, free_port, torchrun, workers
 
 
 def run_checked(args, out_dir):
@@ -137,8 +137,8 @@ def test_two_nodes_on_one_machine_run_the_tiny_config_and_heal_together(tiny_mod
         while not (out / "metrics.jsonl").exists() or len((out / "metrics.jsonl").read_text().splitlines()) < 5:
             assert time.time() - t0 < 600 and all(p.poll() is None for p in nodes), "no step 4"
             time.sleep(0.2)
-        searcher = subprocess.run(["pgrep", "-P", str(nodes[1].pid)], capture_output=True, text=True).stdout.split()
-        os.kill(int(searcher[0]), signal.SIGKILL)  # node 1's one worker: rank 2
+        searcher = [workers(nodes[1])[2]]  # node 1's one worker: rank 2 (launch.sh execs torchrun)
+        os.kill(searcher[0], signal.SIGKILL)
         outputs = [p.communicate(timeout=600)[0] for p in nodes]
     finally:
         for p in nodes:

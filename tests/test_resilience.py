@@ -21,7 +21,7 @@ import train
 import trainer
 from buffer import ReplayBuffer
 from config import Config, ConfigError
-from conftest import ROOT, read_run, start, torchrun
+from conftest import ROOT, read_run, start, torchrun, workers
 from failures import Stop
 from policy import load_model, load_tokenizer
 from scripts.kill_check import leftovers  # processes whose command line names out_dir
@@ -37,22 +37,6 @@ def wait_for(cond, timeout, proc=None, what=""):
             pytest.fail(f"the job ended (rc {proc.returncode}) before {what}:\n{proc.stdout.read()[-4000:]}")
         assert time.time() - t0 < timeout, f"timed out waiting for {what}"
         time.sleep(0.2)
-
-
-def workers(job):
-    """{RANK: pid} of the torchrun job's worker processes."""
-    found = {}
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid == job.pid:
-                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
-                rank = next(int(e[5:]) for e in env if e.startswith(b"RANK="))
-                found[rank] = int(pid)
-        except (OSError, StopIteration, ValueError):
-            continue
-    return found
 
 
 def rows_by_step(out_dir):
@@ -127,6 +111,29 @@ def test_killed_searcher_ends_the_job_fast_and_names_it(tiny_model, tmp_path):
     assert saved is not None and logged[-1] == saved and logged == list(range(saved + 1))  # no step missing
     time.sleep(1)
     assert leftovers(out) == []
+
+
+def test_a_killed_torchrun_leaves_one_line_a_rank_and_a_checkpoint(tiny_model, tmp_path):
+    """torchrun's agent (which holds the job's store) is SIGKILLed, the workers are not (a kill -9 of the launcher):
+    a rank ends at its next use of the store, or of a collective with a rank that ended, in one line at most (a
+    searcher in a collective leaves quietly), never a traceback; the trainer saves a checkpoint and says so."""
+    out = str(tmp_path / "run")
+    job = start(["engine=hf", "steps=100000", "n_test=20"], out)
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(out, "metrics.jsonl"))
+                 and len(open(os.path.join(out, "metrics.jsonl")).readlines()) >= 4, 600, job, "training steps")
+        ranks = workers(job)
+        os.kill(job.pid, signal.SIGKILL)
+        output = job.stdout.read()  # to its end: every rank that shares the pipe has exited
+        assert "Traceback" not in output, output[-4000:]
+        wait_for(lambda: all(failures.dead(failures.process_state(pid)) for pid in ranks.values()), 30,
+                 what="every rank's exit")
+        lines = [x for x in output.splitlines() if x.strip()]
+        assert all(x.startswith("error: ") for x in lines) and len(lines) <= 3, output[-3000:]  # a line a rank at most
+        assert [x for x in lines if x.startswith("error: the sync round") and "continue with resume=auto" in x], lines
+        assert checkpoint.latest(os.path.join(out, "checkpoints")) is not None
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
 
 
 def test_a_killed_searcher_ends_the_trainer_at_once_though_its_overlapped_push_is_stuck(tiny_model, tmp_path):
@@ -426,6 +433,32 @@ def test_a_rank_is_gone_only_after_its_mark_is_in_the_store(key, act):
     proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
     assert proc.returncode in (1, 128 + signal.SIGTERM), proc.stderr[-2000:]
     assert master.check([key]), f"{key} not in the store when its rank was gone"
+
+
+def test_a_rank_is_read_by_its_mark_before_its_process_state():
+    """problems() reads a rank's own marks first: one that reported an error is named by it, gone or not; one that
+    left on a signal is not a death; one gone without a mark died; one stopped (SIGSTOP) is stopped."""
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # reaped: /proc has no such pid any more
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stopped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        wait_for(lambda: failures.process_state(stopped.pid) == "T", 10, what="the SIGSTOP")
+        host = socket.gethostname()
+        for r, pid in {1: gone.pid, 2: gone.pid, 3: gone.pid, 4: alive.pid, 5: stopped.pid}.items():
+            store.set(f"pid/{r}", f"{host}:{pid}")
+        failures.mark(store, "failed/1", "ValueError: boom")  # gone, with its error
+        failures.mark(store, "left/2", "15")  # gone on a signal
+        failures.mark(store, "failed/4", "KeyError: 'x'")  # still tearing down
+        broken, failed = failures.problems(store, "", "searcher", range(1, 7), lambda r: r + 1)
+        assert failed == ["searcher rank 2 failed: ValueError: boom", "searcher rank 5 failed: KeyError: 'x'"]
+        assert broken == [f"searcher rank 4 (pid {gone.pid}) died", f"searcher rank 6 (pid {stopped.pid}) is stopped"]
+    finally:
+        for proc in (alive, stopped):
+            proc.kill()
+            proc.wait()
 
 
 def test_a_searcher_that_raises_is_named_with_its_error(tiny_model, tmp_path):
@@ -760,6 +793,36 @@ def test_a_signal_to_the_job_stops_every_rank_quietly_and_resumably(tiny_model, 
     assert checkpoint.step_of(os.path.join(out, "checkpoints", f"step_{step}")) == step
     if where == "sync round":  # step 10 trained, its round (evaluation) was cut: no eval_step10.jsonl
         assert step == 10 and not os.path.exists(os.path.join(out, "eval_step10.jsonl"))
+    time.sleep(1)
+    assert leftovers(out) == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_during_start_up_ends_the_job_in_one_line(tmp_path, sig):
+    """Ctrl-C (or a pre-emption) while the ranks import torch and load models, before the loop's handlers exist:
+    one line from rank 0, the signal's exit code, no process left (Python's default was a KeyboardInterrupt
+    traceback from every rank, 200 lines interleaved)."""
+    out = str(tmp_path / "run")
+    job = subprocess.Popen(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={out}",
+                            "progress=false"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           start_new_session=True)
+    try:
+        def is_rank(pid):  # the ranks run `python -u train.py ...`; the agent's line names out_dir too
+            try:
+                return open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")[1:3] == [b"-u", b"train.py"]
+            except OSError:
+                return False
+        wait_for(lambda: sum(map(is_rank, leftovers(out))) == 3, 120, job, "the three ranks")
+        time.sleep(2)  # inside their imports
+        os.killpg(job.pid, sig)
+        output, _ = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    lines = [line for line in output.splitlines() if line.strip()]
+    name = signal.Signals(sig).name
+    assert lines == [f"stopped by {name} during start-up, before the first step: nothing to save"], output[-3000:]
+    assert job.returncode == 128 + sig, (job.returncode, output[-3000:])
     time.sleep(1)
     assert leftovers(out) == []
 
