@@ -118,10 +118,13 @@ class Group:
             fully_shard(self.net, mesh=mesh)  # the root: embeddings, final norm, LM head
             register_fsdp_forward_method(self.net, "generate")
         else:
+            import inspect
             from torch.nn.parallel import DistributedDataParallel
-            # every rank loaded the same weights: no buffer broadcast before each forward
-            self.net = DistributedDataParallel(self.net, device_ids=[0] if device == "cuda" else None,
-                                               broadcast_buffers=False)
+            # every rank loaded the same weights: no buffer broadcast before each forward (torch 2.13 renamed the
+            # argument and warns on the old name; 2.11, the GPU nodes' torch, knows only the old one)
+            known = inspect.signature(DistributedDataParallel).parameters
+            name = "forward_sync_buffers" if "forward_sync_buffers" in known else "broadcast_buffers"
+            self.net = DistributedDataParallel(self.net, device_ids=[0] if device == "cuda" else None, **{name: False})
         self.logprobs = self.net
 
     # ------------------------------------------------------------ commands, rank 0 -> ranks 1..T-1
