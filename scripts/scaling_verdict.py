@@ -28,11 +28,13 @@ import tables  # noqa: E402
 
 FACTORS = (16, 32, 64)
 COUNT, TEXT = "buffer/distinct_success", "buffer/distinct_success_text"
-# per task: the primary; the secondaries, each with its own read step (None: the read step); the count the control
-# reads, its ceiling per prompt id (redteam_modes: the grammar's 48 successful attacks) and the pilot's target
-# half-width of the primary's slope (a fraction of TB's F = 16 value for a count, else absolute)
-TASKS = {"redteam_modes": dict(primary=COUNT, secondary=[(TEXT, 50), ("eval/mode_entropy", None),
-                                                         ("eval/attack_success", None)],
+# per task: the primary; the secondaries, each with its own read step (None: the read step; LAST: the runs' last
+# step, where red-teaming's registration reads mode entropy and attack success whatever the read step); the count
+# the control reads, its ceiling per prompt id (redteam_modes: the grammar's 48 successful attacks) and the pilot's
+# target half-width of the primary's slope (a fraction of TB's F = 16 value for a count, else absolute)
+LAST = "last"
+TASKS = {"redteam_modes": dict(primary=COUNT, secondary=[(TEXT, 50), ("eval/mode_entropy", LAST),
+                                                         ("eval/attack_success", LAST)],
                                control=COUNT, ceiling=48, target=0.05),
          "arith": dict(primary="eval/pass@16", secondary=[("eval/pass@1", None), (COUNT, None)], control=COUNT,
                        ceiling=None, target=0.01)}
@@ -154,7 +156,7 @@ def report(runs, read_step, plot):
     step = read_step or steps
     pace_table(arms)
     print("Per arm, mean over seeds at the read step (wall: minutes of the training loop without evaluations)")
-    keys = [(spec["primary"], step)] + [(k, s or step) for k, s in spec["secondary"]]
+    keys = [(spec["primary"], step)] + [(k, steps if s == LAST else s or step) for k, s in spec["secondary"]]
     rows = []
     for arm in sorted(arms, key=lambda a: (a[1] != 2, a)):
         rs = arms[arm].values()

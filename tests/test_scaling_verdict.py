@@ -27,7 +27,7 @@ def run_dir(path, loss, F, seed, count, half=None, n_searchers=2, entropy=1.0):
     yaml.safe_dump(config_to_dict(cfg), open(path / "config.yaml", "w"), sort_keys=False)
     counts = {0: 0, 25: 40, 50: 100, 600: count / 2 if half is None else half, 1200: count}
     with open(path / "metrics.jsonl", "w") as f:
-        f.writelines(json.dumps({"step": s, "eval/mode_entropy": entropy, "eval/attack_success": 0.5,
+        f.writelines(json.dumps({"step": s, "eval/mode_entropy": entropy * s / 1200, "eval/attack_success": 0.5,
                                  "buffer/distinct_success": c, "buffer/distinct_success_text": min(c, 48)}) + "\n"
                      for s, c in counts.items())
     json.dump({"steps": 1200, "fresh_samples_per_step": F + 0.05, "loop_seconds": 200.0 + F,
@@ -81,6 +81,16 @@ def test_primary_slope_interval_and_verdict(tmp_path):
     assert table["2 searcher(s), F=32"][:2] == ["2", "2.5"]  # (200 + 32 - 80) / 60 on seeds 0-1
     assert table["1 searcher(s), F=16"][:4] == ["2", "2.3", "2", "+20"]
     assert os.path.isfile(tmp_path / "forest.png") or "plot:" not in out
+
+
+def test_mode_entropy_and_attack_success_are_read_at_the_last_step_whatever_the_read_step(tmp_path):
+    """As registered: the pilot moved red-teaming's read step (to 375), not these two secondaries (1200)."""
+    grid(tmp_path)
+    table, _ = verdict(tmp_path, "--read-step", 600)
+    runs, count, _, entropy = table["tb n=2 F=16"][:4]
+    assert (runs, count) == ("4", "508")  # the count at the read step 600: (1000 + 10 s) / 2, seeds 0-3
+    assert entropy == "1.000"  # mode entropy at 1200 (0.500 at 600)
+    assert "TB slope of eval/mode_entropy at 1200" in table and "TB slope of eval/attack_success at 1200" in table
 
 
 def test_a_flat_count_fails_the_control_and_the_primary_is_not_read(tmp_path):
