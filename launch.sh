@@ -33,11 +33,18 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.run import parse_args, run
 try:
     run(parse_args(sys.argv[1:]))
-except SignalException as e:
-    sys.exit(128 + int(e.sigval))
 except ChildFailedError as e:
     failure = e.failures.get(0) or e.get_first_failure()[1]
     sys.exit(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
+# the signal, also where torch lost it: one that lands as a metrics.prof wrapper enters its try, before its timer
+# starts, comes out as the UnboundLocalError of that wrapper (torch 2.13; the agent sends the ranks SIGTERM then)
+except Exception as e:
+    cause = e
+    while cause is not None and not isinstance(cause, SignalException):
+        cause = cause.__context__
+    if cause is None:
+        raise
+    sys.exit(128 + int(cause.sigval))
 ' --nnodes="${NNODES:-1}" --node_rank="${NODE_RANK:-0}" "${RDZV[@]}" \
   --nproc_per_node="${NPROC_PER_NODE:-$NPROC}" --max-restarts="${RESTARTS:-0}" \
   train.py "$@"

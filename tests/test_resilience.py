@@ -237,7 +237,7 @@ def test_max_restarts_heals_a_killed_searcher_and_the_log_stays_contiguous(tiny_
     the run ends normally with every step logged exactly once, and nothing is left running."""
     out, result = tmp_path / "run", tmp_path / "kill.json"
     p = subprocess.run([sys.executable, "scripts/kill_check.py", "--out", str(out), "--rank", "1", "--at-step", "5",
-                        "--expect", "heal", "--json", str(result), "--", "engine=hf", "steps=40", "n_test=8",
+                        "--expect", "heal", "--json", str(result), "--", "engine=hf", "steps=15", "n_test=8",
                         "time_budget_min=0"], cwd=ROOT, capture_output=True, text=True, timeout=900)
     res = json.loads(result.read_text())
     log = open(res["log"]).read()
@@ -245,7 +245,7 @@ def test_max_restarts_heals_a_killed_searcher_and_the_log_stays_contiguous(tiny_
     assert res["restarts"] == 1 and res["steps_redone"] == 0 and res["rc"] == 0
     assert "searcher rank 1 (pid" in log and "restart 1 of 1: resuming" in log
     rows, summary = read_run(out)
-    assert [r["step"] for r in rows] == list(range(41)) and summary["steps"] == 40 and summary["resumed_from"]
+    assert [r["step"] for r in rows] == list(range(16)) and summary["steps"] == 15 and summary["resumed_from"]
 
 
 def test_max_restarts_heals_a_trainer_killed_before_its_first_checkpoint(tiny_model, tmp_path):
@@ -787,7 +787,10 @@ def test_a_signal_to_the_job_stops_every_rank_quietly_and_resumably(tiny_model, 
     name = signal.Signals(sig).name
     lines = [line for line in output.splitlines() if line.strip()]
     assert rc == 128 + sig and seconds < 20, (rc, seconds, output[-3000:])  # 143 / 130: stopped, resumable
-    assert len(lines) == 1 and lines[0].startswith(f"stopped by {name} at step "), output[-3000:]  # ours, no traceback
+    # ours, no traceback; a rank may name SIGTERM where torch's agent lost the signal and sent its default (the test
+    # below), but the job's exit code is the signal sent
+    assert len(lines) == 1 and lines[0].startswith((f"stopped by {name} at step ", "stopped by SIGTERM at step ")), \
+        output[-3000:]
     step = int(lines[0].split(" at step ")[1].split(";")[0])
     assert lines[0].endswith(f"checkpoint {out}/checkpoints/step_{step}; continue with resume=auto")
     assert checkpoint.step_of(os.path.join(out, "checkpoints", f"step_{step}")) == step
@@ -795,6 +798,38 @@ def test_a_signal_to_the_job_stops_every_rank_quietly_and_resumably(tiny_model, 
         assert step == 10 and not os.path.exists(os.path.join(out, "eval_step10.jsonl"))
     time.sleep(1)
     assert leftovers(out) == []
+
+
+LOST_SIGNAL = """
+import signal
+import torch.distributed.run
+from torch.distributed.elastic.multiprocessing.api import SignalException
+def run(args):  # what torch 2.13's agent raises when a signal lands as a metrics.prof wrapper enters its try
+    try:
+        {raise_signal}
+    finally:
+        raise UnboundLocalError("cannot access local variable 'start' where it is not associated with a value")
+torch.distributed.run.run = run
+"""
+
+
+@pytest.mark.parametrize("raise_signal, code", [
+    ("raise SignalException('got signal', sigval=signal.SIGINT)", 130),  # Ctrl-C, lost in torch: stopped, resumable
+    ("pass", 1),  # the same error with no signal behind it is a bug, shown as one
+])
+def test_a_signal_torchs_agent_loses_still_ends_the_job_as_stopped(tmp_path, raise_signal, code):
+    """The agent's race (a signal lost in torch, seen once in our CI): the job ends with 128 + the signal and no traceback; launch.sh finds the
+    signal behind the error, and an error with none behind it still comes out whole."""
+    (tmp_path / "sitecustomize.py").write_text(LOST_SIGNAL.format(raise_signal=raise_signal))
+    job = subprocess.run(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={tmp_path}/run"],
+                         cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True, text=True,
+                         timeout=300)
+    output = job.stdout + job.stderr
+    assert job.returncode == code, (job.returncode, output[-3000:])
+    if code == 130:
+        assert "Traceback" not in output, output[-3000:]
+    else:
+        assert "UnboundLocalError" in output, output[-3000:]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
