@@ -5,7 +5,6 @@ a dead trainer rank ends the job naming it, SIGTERM saves with every rank, a che
 n_trainers, and the memory plan splits the trainer's states with fsdp.
 """
 import dataclasses
-import json
 import os
 import signal
 import subprocess
@@ -379,6 +378,14 @@ def test_resume_with_two_trainers_continues_the_run(tiny_model, tmp_path):
         assert b[step]["train/loss"] == pytest.approx(a[step]["train/loss"], rel=1e-4), step
     diff = max((x - y).abs().max().item() for x, y in zip(weights(whole).values(), weights(cut).values()))
     assert diff <= 1e-5, diff
+    # its checkpoint refuses one trainer: launch.sh (the user's command) says so in one line, before any rank starts
+    p = subprocess.run(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={cut}", *SYNC,
+                        "progress=false", "steps=6", "resume=auto"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.strip() == (f"error: resume: {cut}/checkpoints/final was written with n_trainers=2 "
+                                "trainer_parallel=fsdp; resume with that, not n_trainers=1")
+    assert read_run(cut)[1]["steps"] == 4
 
 
 def test_killed_trainer_rank_ends_the_job_and_names_it(tiny_model, tmp_path):
@@ -404,24 +411,17 @@ def test_sigterm_to_the_job_saves_with_every_trainer_rank_and_stops_them(tiny_mo
     assert leftovers(out) == []
 
 
-def test_a_checkpoint_of_two_trainers_refuses_one(tiny_model, tmp_path):
-    out = tmp_path / "run"
-    launch = ["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={out}", "n_test=4",
-              "engine=hf", "progress=false"]
+def test_n_trainers_adds_ranks_and_divides_the_batch(tmp_path):
+    """launch.sh starts n_trainers + n_searchers ranks (train.py --prepare says how many); B must split into whole
+    prompts per trainer rank. (A checkpoint of two trainers refusing one: test_resume_with_two_trainers_...)"""
     p = subprocess.run([sys.executable, os.path.join(ROOT, "train.py"), "--prepare", "configs/tiny.yaml",
-                        f"out_dir={out}", "n_trainers=2"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert p.returncode == 0 and p.stdout.strip() == "4", p.stderr  # launch.sh starts n_trainers + n_searchers
-    p = subprocess.run(launch + ["steps=1", "n_trainers=2"], capture_output=True, text=True, cwd=ROOT, timeout=600)
-    assert p.returncode == 0 and "done: 1 steps" in p.stdout, p.stderr[-3000:]
-    p = subprocess.run(launch + ["steps=3", "resume=auto"], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert p.returncode == 2 and p.stderr.count("\n") == 1, p.stderr
-    assert p.stderr.strip() == (f"error: resume: {out}/checkpoints/final was written with n_trainers=2 "
-                                "trainer_parallel=fsdp; resume with that, not n_trainers=1")
+                        f"out_dir={tmp_path / 'run'}", "n_trainers=2"], capture_output=True, text=True, cwd=ROOT,
+                       timeout=300)
+    assert p.returncode == 0 and p.stdout.strip() == "4", p.stderr
     p = subprocess.run([sys.executable, os.path.join(ROOT, "config.py"), "configs/tiny.yaml", "n_trainers=3"],
                        capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and p.stderr.strip() == ("error: B (8) must be a multiple of n_trainers (3): each "
                                                       "trainer rank takes B / n_trainers whole prompts of a batch")
-    assert json.load(open(out / "summary.json"))["steps"] == 1
 
 
 def test_memory_plan_splits_the_trainer_states_with_fsdp_only():
