@@ -818,8 +818,8 @@ torch.distributed.run.run = run
     ("pass", 1),  # the same error with no signal behind it is a bug, shown as one
 ])
 def test_a_signal_torchs_agent_loses_still_ends_the_job_as_stopped(tmp_path, raise_signal, code):
-    """The agent's race (a signal lost in torch, seen once in our CI): the job ends with 128 + the signal and no traceback; launch.sh finds the
-    signal behind the error, and an error with none behind it still comes out whole."""
+    """The agent's race (a signal lost in torch, seen once in our CI): the job ends with 128 + the signal and no
+    traceback; launch.sh finds the signal behind the error, and an error with none behind it still comes out whole."""
     (tmp_path / "sitecustomize.py").write_text(LOST_SIGNAL.format(raise_signal=raise_signal))
     job = subprocess.run(["bash", os.path.join(ROOT, "launch.sh"), "configs/tiny.yaml", f"out_dir={tmp_path}/run"],
                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(tmp_path)), capture_output=True, text=True,
