@@ -171,7 +171,10 @@ def rule(arms, key, mean, half, told=True):
         return f"not told apart at ±{half:.{dg}f} {unit}".rstrip()
     verb = "raises" if mean > 0 else "lowers"
     what = f"{arms[0]} {verb} {word} against {arms[1]}" if len(arms) == 2 else f"the difference {verb} {word}"
-    return f"{what} by {mean:+.{dg}f} {tables.interval(mean, half, dg)} {unit}".rstrip()
+    if mean > 0:
+        return f"{what} by {mean:+.{dg}f} {tables.interval(mean, half, dg)} {unit}".rstrip()
+    # "lowers ... by 3.5 [2.5, 4.6]": the size of the fall and its interval, not a double negative
+    return f"{what} by {-mean:.{dg}f} [{-mean - half:.{dg}f}, {-mean + half:.{dg}f}] {unit}".rstrip()
 
 
 def absent(arms, vals):

@@ -77,6 +77,8 @@ def verdict(q, path, *args, rc=0):
 def expected(a, b, diffs, level, word="accuracy"):
     """The rule's sentence for a contrast that Holm rejects, from tables.paired at its level."""
     _, mean, half, _ = tables.paired(diffs, level)
+    if mean < 0:  # a fall reads as its size: "lowers ... by 3.5 [2.5, 4.6]"
+        return f"{a} lowers {word} against {b} by {-mean:.1f} [{-mean - half:.1f}, {-mean + half:.1f}] points"
     return f"{a} raises {word} against {b} by {mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}] points"
 
 
@@ -205,6 +207,12 @@ def test_q2_design_check_and_a_family_of_one(tmp_path):
     assert "next: no test (the test waits for a design that holds it" in p.stdout
     rows, _ = verdict("q2", tmp_path)
     assert rows["K = 16 minus K = 8"][3] == "0.9500" and rows["K = 16 minus K = 8"][-1].startswith("not read:")
+    for seed, d in enumerate((-3.6, -3.4, -3.0)):  # a design that holds, and K = 16 lower in every seed
+        run_dir(tmp_path / "ok" / "k8" / f"seed{seed}", seed, 55, K=8, B=8, S=8)
+        run_dir(tmp_path / "ok" / "k16" / f"seed{seed}", seed, 55 + d, K=16, B=4, S=16, max_prompts_per_round=2)
+    rows, _ = verdict("q2", tmp_path / "ok")
+    assert rows["K = 16 minus K = 8"][-1] == expected("k16", "k8", (-3.6, -3.4, -3.0), 0.95)
+    assert rows["K = 16 minus K = 8"][-1].startswith("k16 lowers accuracy against k8 by 3.3 [")
 
 
 def test_q3_pilot_and_the_s10_arms(tmp_path):
