@@ -86,39 +86,52 @@ def test_both_sides_make_the_same_collectives_in_the_same_order(bits):
 
 class SlowSender(Recorder):
     """The trainer sends its first tensor 0.3 s after the round opens (in synchronous mode it trains meanwhile); the
-    engine then takes 0.05 s per tensor."""
+    engine then takes 0.05 s per tensor. The seconds pass on a clock of the test's own (sync.time.perf_counter), not
+    the box's, so a loaded machine cannot stretch them."""
+
+    def __init__(self, rank):
+        super().__init__(rank)
+        self.now = 100.0
+
+    def perf_counter(self):
+        return self.now
 
     def pull(self):
         def stream():
-            time.sleep(0.3)
+            self.now += 0.3
             yield from (("w", torch.tensor(1.0)), ("v", torch.tensor(2.0)))
         return stream(), lambda: None
 
     def load_weights(self, named):
         for _ in named:
-            time.sleep(0.05)
+            self.now += 0.05
 
 
-def test_the_weight_load_is_timed_from_the_first_tensor_not_from_the_round():
+def test_the_weight_load_is_timed_from_the_first_tensor_not_from_the_round(monkeypatch):
     """search/load_seconds: receiving and loading (2 x 0.05 s here), not the wait for the trainer (0.3 s)."""
     searcher = SlowSender(1)
+    monkeypatch.setattr(sync, "time", searcher)
     loaded, evaluated = sync.searcher_round(searcher, searcher, Flag.WEIGHTS, "report", searcher, RefModel(), [1],
                                             lambda: ([], {}))
-    assert 0.09 <= loaded < 0.25 and evaluated == 0.0
+    assert loaded == pytest.approx(0.1) and evaluated == 0.0
     assert sync.searcher_round(searcher, searcher, Flag.EVAL, "report", searcher, RefModel(), [1],
                                lambda: ([], {}))[0] == 0.0
 
 
-def test_an_evaluation_of_the_current_weights_counts_both_its_loads_as_evaluation():
+def test_an_evaluation_of_the_current_weights_counts_both_its_loads_as_evaluation(monkeypatch):
     """weight_delay's CURRENT round loads the trainer's weights, evaluates, and loads the round's back: all three are
     step 5, which the searcher leaves out of its search window (search/idle_ratio), not idle time."""
     searcher = SlowSender(1)
-    evaluate = lambda: time.sleep(0.1) or ([], {})  # noqa: E731
+    monkeypatch.setattr(sync, "time", searcher)
+
+    def evaluate():
+        searcher.now += 0.1
+        return [], {}
     loaded, evaluated = sync.searcher_round(searcher, searcher, Flag.EVAL | Flag.CURRENT, "report", searcher,
                                             RefModel(), [1], evaluate)
-    assert loaded == 0.0 and evaluated >= 2 * 0.4 + 0.1  # two loads of 0.3 s + 2 x 0.05 s, and the evaluation
-    assert 0.1 <= sync.searcher_round(searcher, searcher, Flag.EVAL, "report", searcher, RefModel(), [1],
-                                      evaluate)[1] < 0.5  # no load in it (each would add 0.4 s)
+    assert loaded == 0.0 and evaluated == pytest.approx(2 * 0.4 + 0.1)  # two loads of 0.3 + 2 x 0.05 s, the evaluation
+    assert sync.searcher_round(searcher, searcher, Flag.EVAL, "report", searcher, RefModel(), [1],
+                               evaluate)[1] == pytest.approx(0.1)  # no load in it (each would add 0.4 s)
 
 
 def test_a_failed_collective_stops_the_job_on_either_side():
