@@ -3,8 +3,11 @@
 Per prompt: samples deduplicated by exact response tokens (the newest copy wins), at most `per_prompt_cap` kept,
 oldest evicted first. A batch is B prompts x K samples. Each prompt draw is, with probability m, "recent": a prompt
 that arrived since the last train step (in every sync round since then, however many), with K of its samples from
-those rounds; otherwise a prompt from everything seen, with K of its samples drawn with the probabilities of `weights`
-(softmax(inv_temp * reward); inv_temp = 0: uniform).
+those rounds; otherwise the next prompt of a pass without replacement over the prompts seen when the pass began (a
+new pass starts when one ends, as the reference's `sample_cid` cycles `offline_cids`), with K of its samples drawn
+with the probabilities of `weights` (softmax(inv_temp * reward); inv_temp = 0: uniform). Recent draws walk their pool
+the same way. A pass lags the arrivals: where prompts arrive faster than non-recent draws take them (m near 1),
+those draws read prompts from well before the step.
 
 Synchronous mode (async=false) is the on-policy baseline as its sources run it (TRL's GRPOTrainer, the asynchronous-
 RLHF code): a step trains on the samples generated for it as they came, duplicates included (K of a prompt's S, or
